@@ -1,0 +1,160 @@
+"""Atomic checkpoints written by rank 0 and restored on rank 0, then broadcast to every rank.
+
+Layout of a checkpoint directory::
+
+    ckpt-000004/            state after 4 epochs (complete: it only appears by rename)
+        state.index         tf.train.Checkpoint of the model and optimizer (no pickle)
+        state.data-00000-of-00001
+        meta.json           epoch, step, model, seed, variable shapes
+    ckpt-000005/
+    .tmp-ckpt-000006-<pid>/ a save in progress or interrupted: ignored, removed by the next save
+
+A save writes everything into a temporary directory, fsyncs it and renames it into place, so a
+crash at any moment leaves the previous checkpoints complete and loadable.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from typing import Optional
+
+import tensorflow as tf
+
+from hvdtrain.errors import HvdtrainError
+
+_NAME = re.compile(r"^ckpt-(\d{6,})$")
+FORMAT_VERSION = 1
+
+
+def variable_signature(model: tf.keras.Model) -> list:
+    """The shapes of the model's variables, in order, to recognise a checkpoint of another model.
+
+    (Shapes, not names: Keras numbers layer names per process, so names vary between runs.)
+    """
+    return [list(v.shape) for v in model.variables]
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class CheckpointManager:
+    """Saves and restores ``tf.train.Checkpoint(model=..., optimizer=...)`` plus JSON metadata.
+
+    Only the chief (rank 0) should construct one with ``writer=True``; see :func:`hvdtrain.train.run`.
+
+    Args:
+        directory: the checkpoint directory (created if missing).
+        model: the Keras model.
+        optimizer: the optimizer, with its variables already built.
+        keep: number of most recent checkpoints kept (>= 1).
+
+    Raises:
+        HvdtrainError: if the directory cannot be created or written.
+    """
+
+    def __init__(self, directory: str, model: tf.keras.Model, optimizer, keep: int = 3):
+        self.directory = directory
+        self.model = model
+        self.keep = keep
+        self._checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer)
+        try:
+            os.makedirs(directory, exist_ok=True)
+            probe = os.path.join(directory, f".write-test-{os.getpid()}")
+            with open(probe, "w") as f:
+                f.write("ok")
+            os.remove(probe)
+        except OSError as e:
+            raise HvdtrainError(f"checkpoint directory {directory} is not writable: {e.strerror or e}") from None
+
+    # ---- discovery ------------------------------------------------------------------------
+    def completed(self) -> list:
+        """Complete checkpoints as ``[(epoch_tag, path), ...]``, oldest first."""
+        found = []
+        for name in os.listdir(self.directory):
+            match = _NAME.match(name)
+            path = os.path.join(self.directory, name)
+            if match and os.path.isfile(os.path.join(path, "meta.json")):
+                found.append((int(match.group(1)), path))
+        return sorted(found)
+
+    def latest(self) -> Optional[str]:
+        """Path of the newest complete checkpoint, or None."""
+        done = self.completed()
+        return done[-1][1] if done else None
+
+    # ---- save -------------------------------------------------------------------------------
+    def save(self, tag: int, meta: dict) -> str:
+        """Write checkpoint ``ckpt-<tag>`` atomically and prune to the newest ``keep``.
+
+        Args:
+            tag: monotonically increasing number (hvdtrain uses the global step).
+            meta: JSON-serialisable metadata (epoch, step...); the model's variable signature
+                and a format version are added.
+
+        Returns:
+            The checkpoint's path.
+        """
+        final = os.path.join(self.directory, f"ckpt-{tag:06d}")
+        tmp = os.path.join(self.directory, f".tmp-ckpt-{tag:06d}-{os.getpid()}")
+        shutil.rmtree(tmp, ignore_errors=True)
+        os.makedirs(tmp)
+        self._checkpoint.write(os.path.join(tmp, "state"))
+        meta = {**meta, "format_version": FORMAT_VERSION, "variables": variable_signature(self.model)}
+        with open(os.path.join(tmp, "meta.json"), "w") as f:
+            json.dump(meta, f, indent=1)
+        for name in os.listdir(tmp):
+            with open(os.path.join(tmp, name), "rb") as f:
+                os.fsync(f.fileno())
+        _fsync_dir(tmp)
+        if os.path.exists(final):  # re-saving the same tag (after a resume): keep the old until replaced
+            old = final + f".old-{os.getpid()}"
+            os.rename(final, old)
+            os.rename(tmp, final)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.rename(tmp, final)
+        _fsync_dir(self.directory)
+        self._prune()
+        return final
+
+    def _prune(self) -> None:
+        for _, path in self.completed()[:-self.keep]:
+            shutil.rmtree(path, ignore_errors=True)
+        for name in os.listdir(self.directory):  # leftovers of interrupted saves
+            if name.startswith(".tmp-ckpt-") and not name.endswith(f"-{os.getpid()}"):
+                shutil.rmtree(os.path.join(self.directory, name), ignore_errors=True)
+
+    # ---- restore ---------------------------------------------------------------------------
+    def restore(self, path: str) -> dict:
+        """Load checkpoint ``path`` into the model and optimizer; return its metadata.
+
+        Raises:
+            HvdtrainError: if the metadata is unreadable, the checkpoint belongs to a model with
+                other variables, or the tensors cannot be read (corrupt or truncated files).
+        """
+        try:
+            with open(os.path.join(path, "meta.json")) as f:
+                meta = json.load(f)
+        except (OSError, ValueError) as e:
+            raise HvdtrainError(f"checkpoint {path} is unreadable: {e}") from None
+        if not isinstance(meta, dict) or meta.get("format_version") != FORMAT_VERSION:
+            raise HvdtrainError(f"checkpoint {path}: unknown format (meta.json format_version "
+                                f"{meta.get('format_version') if isinstance(meta, dict) else None!r})")
+        theirs, ours = meta.get("variables"), variable_signature(self.model)
+        if theirs != ours:
+            raise HvdtrainError(
+                f"checkpoint {path} was written by another model (model {meta.get('model')!r}, "
+                f"{len(theirs or [])} variables) than this run's ({self.model.name!r}, {len(ours)} variables)")
+        try:
+            self._checkpoint.read(os.path.join(path, "state")).assert_existing_objects_matched()
+        except (tf.errors.OpError, ValueError, AssertionError) as e:
+            first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise HvdtrainError(f"checkpoint {path} is corrupt or incompatible: {first_line}") from None
+        return meta

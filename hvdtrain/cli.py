@@ -1,0 +1,122 @@
+"""Command line: ``hvdtrain`` / ``python -m hvdtrain``, one process per rank under a launcher.
+
+    horovodrun -np 2 --gloo python -m hvdtrain
+    mpirun -np 4 python -m hvdtrain --model resnet20 --epochs 30
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import List, Optional
+
+from hvdtrain.config import (DATASETS, LR_SCHEDULES, CheckpointConfig, Config, DataConfig, LogConfig, ModelConfig,
+                             OptimConfig, RuntimeConfig)
+from hvdtrain.data import DEFAULT_DATA_DIR
+from hvdtrain.dist import PeerFailure, launcher_rank
+from hvdtrain.errors import HvdtrainError
+
+EXIT_ERROR = 2
+
+
+class _RankAwareParser(argparse.ArgumentParser):
+    """argparse that prints usage errors from rank 0 only; every rank still exits with status 2."""
+
+    def error(self, message):
+        if launcher_rank() == 0:
+            self.print_usage(sys.stderr)
+            sys.stderr.write(f"{self.prog}: error: {message}\n")
+        sys.exit(EXIT_ERROR)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser; ``--help`` documents every flag with its default and unit."""
+    d = Config()
+    p = _RankAwareParser(
+        prog="hvdtrain",
+        description="Data-parallel training on Horovod + TensorFlow 2. Start one process per rank with "
+                    "horovodrun or mpirun, e.g. 'horovodrun -np 2 --gloo python -m hvdtrain'.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    g = p.add_argument_group("training")
+    g.add_argument("--epochs", type=int, default=d.epochs, help="passes over the training set (0 = evaluate only)")
+    g.add_argument("--batch-size", type=int, default=d.batch_size,
+                   help="local batch: examples per rank per step (global batch = this x world size)")
+    g.add_argument("--lr", type=float, default=d.optim.base_lr,
+                   help="base learning rate for one rank; scaled by world size after warmup")
+    g.add_argument("--momentum", type=float, default=d.optim.momentum, help="SGD momentum")
+    g.add_argument("--warmup-epochs", type=float, default=d.optim.warmup_epochs,
+                   help="epochs (may be fractional) of linear warmup from --lr to --lr x world size")
+    g.add_argument("--lr-schedule", choices=LR_SCHEDULES, default=d.optim.lr_schedule,
+                   help="learning rate after warmup: cosine decay to 0, or constant")
+    g.add_argument("--seed", type=int, default=d.seed, help="seed of weights, data order and dropout")
+    g.add_argument("--fp16-allreduce", action="store_true", help="compress gradients to float16 for the allreduce")
+    g.add_argument("--backward-passes-per-step", type=int, default=d.optim.backward_passes_per_step,
+                   help="local batches whose gradients are accumulated per optimizer step")
+
+    g = p.add_argument_group("data and model")
+    g.add_argument("--dataset", choices=DATASETS, default=d.data.dataset,
+                   help="idx: MNIST-family IDX directory; npz: keras.datasets-style .npz file; synthetic")
+    g.add_argument("--data-dir", default=DEFAULT_DATA_DIR, help="the IDX directory, or the .npz file for --dataset npz")
+    g.add_argument("--eval-batch-size", type=int, default=d.data.eval_batch_size, help="examples per evaluation batch per rank")
+    g.add_argument("--model", default=d.model.name,
+                   help="cnn, resnet20, or package.module:function returning an uncompiled tf.keras.Model "
+                        "(called with input_shape=(H, W, C), num_classes=K)")
+    g.add_argument("--no-sync-bn", action="store_true",
+                   help="built-in models: per-rank BatchNorm instead of synchronized BatchNorm")
+
+    g = p.add_argument_group("output and checkpoints")
+    g.add_argument("--log-dir", default=None,
+                   help="run directory for metrics.jsonl, TensorBoard logs and checkpoints (default: runs/<date>-<time>)")
+    g.add_argument("--checkpoint-dir", default=None, help="checkpoint directory (default: <log-dir>/checkpoints)")
+    g.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --checkpoint-dir")
+    g.add_argument("--keep-checkpoints", type=int, default=d.checkpoint.keep, help="most recent checkpoints kept")
+    g.add_argument("--log-every", type=int, default=d.log.log_every, help="steps between exact running metrics")
+    g.add_argument("--no-progress", action="store_true", help="no progress bar (one line per epoch only)")
+
+    g = p.add_argument_group("runtime")
+    g.add_argument("--threads", type=int, default=d.runtime.threads,
+                   help="TensorFlow intra-op threads per rank (0 = this rank's share of the host's cores)")
+    g.add_argument("--cpu", action="store_true", help="train on the CPU even where GPUs are present")
+    return p
+
+
+def config_from_args(argv: Optional[List[str]] = None) -> Config:
+    """Parse ``argv`` into a validated :class:`Config`.
+
+    Raises:
+        HvdtrainError: for values outside their range (type errors exit through argparse).
+    """
+    a = build_parser().parse_args(argv)
+    return Config(
+        epochs=a.epochs,
+        batch_size=a.batch_size,
+        seed=a.seed,
+        data=DataConfig(dataset=a.dataset, data_dir=a.data_dir, eval_batch_size=a.eval_batch_size),
+        model=ModelConfig(name=a.model, sync_bn=not a.no_sync_bn),
+        optim=OptimConfig(base_lr=a.lr, momentum=a.momentum, warmup_epochs=a.warmup_epochs,
+                          lr_schedule=a.lr_schedule, fp16_allreduce=a.fp16_allreduce,
+                          backward_passes_per_step=a.backward_passes_per_step),
+        checkpoint=CheckpointConfig(dir=a.checkpoint_dir, resume=a.resume, keep=a.keep_checkpoints),
+        log=LogConfig(dir=a.log_dir, log_every=a.log_every, progress=not a.no_progress),
+        runtime=RuntimeConfig(threads=a.threads, cpu=a.cpu),
+    )
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """Entry point. Returns the process exit status: 0, or 2 for any error on any rank."""
+    try:
+        config = config_from_args(argv)
+        from hvdtrain.train import run  # imports TensorFlow: after argument checks, so --help is fast
+
+        run(config)
+        return 0
+    except HvdtrainError as e:
+        if launcher_rank() == 0 or getattr(e, "rank_found", False):
+            print(f"hvdtrain: error: {e}", file=sys.stderr, flush=True)
+        return EXIT_ERROR
+    except PeerFailure:
+        return EXIT_ERROR
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,178 @@
+"""The typed configuration tree of a training run, validated on construction.
+
+Each section is a frozen dataclass whose ``__post_init__`` rejects bad values with a
+:class:`HvdtrainError` naming the command-line flag and the value received.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+from hvdtrain.data import DEFAULT_DATA_DIR
+from hvdtrain.errors import HvdtrainError
+
+DATASETS = ("idx", "npz", "synthetic")
+LR_SCHEDULES = ("cosine", "constant")
+
+
+def _check(ok: bool, flag: str, requirement: str, value) -> None:
+    if not ok:
+        raise HvdtrainError(f"{flag} must be {requirement}, got {value!r}")
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+@dataclasses.dataclass(frozen=True)
+class DataConfig:
+    """Where the training data comes from.
+
+    Attributes:
+        dataset: ``idx`` (MNIST-family directory), ``npz`` (keras.datasets-style file) or ``synthetic``.
+        data_dir: the IDX directory or the NPZ file; ignored for ``synthetic``.
+        eval_batch_size: examples per evaluation batch on each rank.
+    """
+
+    dataset: str = "idx"
+    data_dir: str = DEFAULT_DATA_DIR
+    eval_batch_size: int = 1000
+
+    def __post_init__(self):
+        _check(self.dataset in DATASETS, "--dataset", f"one of {DATASETS}", self.dataset)
+        _check(_is_int(self.eval_batch_size) and self.eval_batch_size >= 1, "--eval-batch-size", "an integer >= 1",
+               self.eval_batch_size)
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """Which model to train.
+
+    Attributes:
+        name: ``cnn``, ``resnet20`` or ``package.module:function``.
+        sync_bn: built-in models use synchronized (True) or per-rank (False) batch normalization.
+    """
+
+    name: str = "cnn"
+    sync_bn: bool = True
+
+    def __post_init__(self):
+        _check(isinstance(self.name, str) and bool(self.name.strip()), "--model", "a model name", self.name)
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimConfig:
+    """SGD with momentum, its learning-rate schedule, and gradient-averaging options.
+
+    Attributes:
+        base_lr: learning rate for one rank; the peak rate is ``base_lr · world_size``.
+        momentum: SGD momentum in [0, 1).
+        warmup_epochs: epochs of linear warmup from ``base_lr`` to ``base_lr · world_size``
+            (Goyal et al. 2017); may be fractional; 0 disables.
+        lr_schedule: after warmup, ``cosine`` decay to 0 at the last step, or ``constant``.
+        fp16_allreduce: compress gradients to float16 for the allreduce.
+        backward_passes_per_step: local gradient accumulation: batches per optimizer step.
+    """
+
+    base_lr: float = 0.05
+    momentum: float = 0.9
+    warmup_epochs: float = 1.0
+    lr_schedule: str = "cosine"
+    fp16_allreduce: bool = False
+    backward_passes_per_step: int = 1
+
+    def __post_init__(self):
+        _check(isinstance(self.base_lr, (int, float)) and self.base_lr > 0, "--lr", "> 0", self.base_lr)
+        _check(isinstance(self.momentum, (int, float)) and 0 <= self.momentum < 1, "--momentum", "in [0, 1)",
+               self.momentum)
+        _check(isinstance(self.warmup_epochs, (int, float)) and self.warmup_epochs >= 0, "--warmup-epochs", ">= 0",
+               self.warmup_epochs)
+        _check(self.lr_schedule in LR_SCHEDULES, "--lr-schedule", f"one of {LR_SCHEDULES}", self.lr_schedule)
+        _check(_is_int(self.backward_passes_per_step) and self.backward_passes_per_step >= 1,
+               "--backward-passes-per-step", "an integer >= 1", self.backward_passes_per_step)
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointConfig:
+    """Where rank 0 keeps checkpoints.
+
+    Attributes:
+        dir: checkpoint directory; None puts them under the run's log directory.
+        resume: continue from the latest checkpoint in ``dir``.
+        keep: number of most recent checkpoints kept.
+    """
+
+    dir: Optional[str] = None
+    resume: bool = False
+    keep: int = 3
+
+    def __post_init__(self):
+        _check(_is_int(self.keep) and self.keep >= 1, "--keep-checkpoints", "an integer >= 1", self.keep)
+
+
+@dataclasses.dataclass(frozen=True)
+class LogConfig:
+    """What rank 0 writes and prints.
+
+    Attributes:
+        dir: run directory for metrics.jsonl, TensorBoard logs and (by default) checkpoints; None
+            makes ``runs/<date>-<time>``.
+        log_every: steps between exact global running metrics (one small allreduce each).
+        progress: show a tqdm progress bar per epoch.
+    """
+
+    dir: Optional[str] = None
+    log_every: int = 50
+    progress: bool = True
+
+    def __post_init__(self):
+        _check(_is_int(self.log_every) and self.log_every >= 1, "--log-every", "an integer >= 1", self.log_every)
+
+
+@dataclasses.dataclass(frozen=True)
+class RuntimeConfig:
+    """How each process uses its host.
+
+    Attributes:
+        threads: TensorFlow intra-op threads per rank; 0 = this rank's share of the host's cores.
+        cpu: train on the CPU even where GPUs are present.
+    """
+
+    threads: int = 0
+    cpu: bool = False
+
+    def __post_init__(self):
+        _check(_is_int(self.threads) and self.threads >= 0, "--threads", "an integer >= 0", self.threads)
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """A whole training run.
+
+    Attributes:
+        epochs: passes over the training set (>= 0; 0 only evaluates).
+        batch_size: local batch, examples per rank per step; the global batch is
+            ``batch_size · world_size``.
+        seed: seeds initial weights (broadcast from rank 0), data order and dropout.
+    """
+
+    epochs: int = 12
+    batch_size: int = 128
+    seed: int = 0
+    data: DataConfig = DataConfig()
+    model: ModelConfig = ModelConfig()
+    optim: OptimConfig = OptimConfig()
+    checkpoint: CheckpointConfig = CheckpointConfig()
+    log: LogConfig = LogConfig()
+    runtime: RuntimeConfig = RuntimeConfig()
+
+    def __post_init__(self):
+        _check(_is_int(self.epochs) and self.epochs >= 0, "--epochs", "an integer >= 0", self.epochs)
+        _check(_is_int(self.batch_size) and self.batch_size >= 1, "--batch-size", "an integer >= 1", self.batch_size)
+        _check(_is_int(self.seed) and 0 <= self.seed < 2**31, "--seed", "an integer in [0, 2^31)", self.seed)
+        if self.checkpoint.resume and self.checkpoint.dir is None and self.log.dir is None:
+            raise HvdtrainError("--resume needs the run to continue: pass its --log-dir or --checkpoint-dir")
+
+    def to_dict(self) -> dict:
+        """Plain nested dict (for the run's metadata and checkpoints)."""
+        return dataclasses.asdict(self)

@@ -1,0 +1,253 @@
+"""Datasets: MNIST-family IDX files, keras.datasets-style NPZ files, and synthetic data.
+
+Every loader returns a validated :class:`Dataset` or raises :class:`HvdtrainError` naming the file and
+what is wrong with it. Nothing is unpickled: NPZ files are read with ``allow_pickle=False``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import os
+import zipfile
+from typing import Tuple
+
+import numpy as np
+
+from hvdtrain.errors import HvdtrainError
+
+DEFAULT_DATA_DIR = "/usr/share/datasets/fashion-mnist"
+
+# IDX type codes (http://yann.lecun.com/exdb/mnist/, "THE IDX FILE FORMAT") -> big-endian dtypes.
+_IDX_DTYPES = {0x08: ">u1", 0x09: ">i1", 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
+_IDX_FILES = {
+    "x_train": "train-images-idx3-ubyte",
+    "y_train": "train-labels-idx1-ubyte",
+    "x_test": "t10k-images-idx3-ubyte",
+    "y_test": "t10k-labels-idx1-ubyte",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Dataset:
+    """An in-memory image-classification dataset.
+
+    Attributes:
+        x_train: images, shape ``(n_train, H, W, C)``, dtype uint8 (pixels 0-255) or float32.
+        y_train: labels, shape ``(n_train,)``, int32 in ``[0, num_classes)``.
+        x_test: images, shape ``(n_test, H, W, C)``, same dtype as ``x_train``.
+        y_test: labels, shape ``(n_test,)``, int32.
+        num_classes: number of classes.
+        name: where it came from, for the banner.
+    """
+
+    x_train: np.ndarray
+    y_train: np.ndarray
+    x_test: np.ndarray
+    y_test: np.ndarray
+    num_classes: int
+    name: str
+
+    @property
+    def input_shape(self) -> Tuple[int, int, int]:
+        """``(H, W, C)`` of one image."""
+        return tuple(self.x_train.shape[1:])
+
+
+# ---- IDX -----------------------------------------------------------------------------------------
+def read_idx(path: str) -> np.ndarray:
+    """Read one IDX file (raw or gzip-compressed) into a numpy array.
+
+    Args:
+        path: file path; a ``.gz`` suffix or gzip magic selects decompression.
+
+    Returns:
+        Array of the file's shape, in native byte order (``uint8`` for MNIST images and labels).
+
+    Raises:
+        HvdtrainError: if the file cannot be read, its magic number is not IDX, or its size does not
+            match the dimensions in its header (truncated or trailing bytes).
+    """
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+        if raw[:2] == b"\x1f\x8b":
+            raw = gzip.decompress(raw)
+    except (OSError, EOFError, gzip.BadGzipFile) as e:
+        raise HvdtrainError(f"cannot read IDX file {path}: {e}") from None
+    if len(raw) < 4 or raw[0] != 0 or raw[1] != 0 or raw[2] not in _IDX_DTYPES or raw[3] == 0:
+        raise HvdtrainError(f"{path} is not an IDX file: bad magic number {raw[:4].hex() or '<empty>'}")
+    dtype, ndim = np.dtype(_IDX_DTYPES[raw[2]]), raw[3]
+    header = 4 + 4 * ndim
+    if len(raw) < header:
+        raise HvdtrainError(f"{path}: truncated IDX header ({len(raw)} bytes, {ndim} dimensions)")
+    shape = tuple(int(d) for d in np.frombuffer(raw, ">u4", ndim, 4))
+    expected = header + int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    if len(raw) != expected:
+        raise HvdtrainError(
+            f"{path}: IDX header says shape {shape} ({expected} bytes) but the file has {len(raw)} bytes"
+            f" ({'truncated' if len(raw) < expected else 'trailing data'})")
+    return np.frombuffer(raw, dtype, offset=header).reshape(shape).astype(dtype.newbyteorder("="))
+
+
+def _find_idx(data_dir: str, stem: str) -> str:
+    for candidate in (stem, stem + ".gz"):
+        path = os.path.join(data_dir, candidate)
+        if os.path.isfile(path):
+            return path
+    raise HvdtrainError(f"{data_dir}: missing {stem}[.gz] (an MNIST-family IDX directory needs "
+                        f"{', '.join(_IDX_FILES.values())})")
+
+
+def load_idx_dir(data_dir: str) -> Dataset:
+    """Load an MNIST-family directory (MNIST, Fashion-MNIST, KMNIST...) of four IDX files.
+
+    Args:
+        data_dir: directory holding ``train-images-idx3-ubyte``, ``train-labels-idx1-ubyte``,
+            ``t10k-images-idx3-ubyte`` and ``t10k-labels-idx1-ubyte``, each optionally ``.gz``.
+
+    Returns:
+        A :class:`Dataset` with uint8 images of shape ``(n, H, W, 1)``.
+
+    Raises:
+        HvdtrainError: for a missing directory or file, a corrupt file, or inconsistent contents
+            (see :func:`validate`).
+    """
+    if not os.path.isdir(data_dir):
+        raise HvdtrainError(f"data directory {data_dir} does not exist (--data-dir)")
+    arrays = {key: read_idx(_find_idx(data_dir, stem)) for key, stem in _IDX_FILES.items()}
+    for key in ("x_train", "x_test"):
+        if arrays[key].ndim != 3:
+            raise HvdtrainError(f"{_find_idx(data_dir, _IDX_FILES[key])}: images must have 3 dimensions "
+                                f"(count, rows, columns), got shape {arrays[key].shape}")
+        arrays[key] = arrays[key][..., None]
+    return validate(name=f"idx:{data_dir}", **arrays)
+
+
+# ---- NPZ -----------------------------------------------------------------------------------------
+def load_npz(path: str) -> Dataset:
+    """Load a ``keras.datasets``-layout NPZ file: ``x_train, y_train, x_test, y_test``.
+
+    Args:
+        path: ``.npz`` file. Images ``(n, H, W)`` or ``(n, H, W, C)``, uint8 or floating point;
+            labels ``(n,)`` or ``(n, 1)``, integer.
+
+    Returns:
+        A validated :class:`Dataset` (images given a channel axis if they had none).
+
+    Raises:
+        HvdtrainError: for a missing or unreadable file, missing keys, object arrays (never
+            unpickled), wrong dtypes or shapes (see :func:`validate`).
+    """
+    if not os.path.isfile(path):
+        raise HvdtrainError(f"NPZ file {path} does not exist (--data-dir)")
+    arrays = {}
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            missing = [k for k in _IDX_FILES if k not in npz.files]
+            if missing:
+                raise HvdtrainError(f"{path}: missing key(s) {missing}; an NPZ dataset needs "
+                                    f"{list(_IDX_FILES)}, found {npz.files}")
+            for key in _IDX_FILES:
+                arrays[key] = npz[key]
+    except ValueError as e:  # object arrays refuse to load without pickle
+        raise HvdtrainError(f"{path}: cannot load without unpickling ({e}); store plain numeric arrays") from None
+    except (OSError, zipfile.BadZipFile, EOFError) as e:
+        raise HvdtrainError(f"cannot read NPZ file {path}: {e}") from None
+    for key in ("x_train", "x_test"):
+        if arrays[key].ndim == 3:
+            arrays[key] = arrays[key][..., None]
+    for key in ("y_train", "y_test"):
+        if arrays[key].ndim == 2 and arrays[key].shape[1] == 1:
+            arrays[key] = arrays[key][:, 0]
+    return validate(name=f"npz:{path}", **arrays)
+
+
+# ---- synthetic -------------------------------------------------------------------------------------
+def make_synthetic(num_train: int = 6000, num_test: int = 1000, image_shape=(28, 28, 1),
+                   num_classes: int = 10, seed: int = 0) -> Dataset:
+    """A learnable synthetic dataset: random uint8 images labelled by a fixed random linear teacher.
+
+    The same ``seed`` gives the same data on every rank and every run, so no file is needed and
+    accuracy well above chance shows that training works.
+
+    Args:
+        num_train, num_test: example counts.
+        image_shape: ``(H, W, C)``.
+        num_classes: label count.
+        seed: generator seed.
+
+    Returns:
+        A :class:`Dataset` with uint8 images.
+    """
+    rng = np.random.default_rng(seed)
+    n = num_train + num_test
+    x = rng.integers(0, 256, size=(n, *image_shape), dtype=np.uint8)
+    teacher = rng.standard_normal((int(np.prod(image_shape)), num_classes)).astype(np.float32)
+    features = (x.reshape(n, -1).astype(np.float32) / 255.0 - 0.5)
+    y = np.argmax(features @ teacher, axis=1).astype(np.int32)
+    return validate(x[:num_train], y[:num_train], x[num_train:], y[num_train:],
+                    name=f"synthetic{tuple(image_shape)}", num_classes=num_classes)
+
+
+# ---- validation ----------------------------------------------------------------------------------
+def validate(x_train, y_train, x_test, y_test, name: str, num_classes: int = 0) -> Dataset:
+    """Check shapes, dtypes, counts and label range, and return a :class:`Dataset`.
+
+    Args:
+        x_train, x_test: images ``(n, H, W, C)``, uint8 or floating point.
+        y_train, y_test: integer labels ``(n,)``.
+        name: for messages.
+        num_classes: label count; 0 infers ``max(label) + 1`` over both splits.
+
+    Raises:
+        HvdtrainError: naming the array and the problem (dtype, shape, count mismatch, empty,
+            label out of range, non-finite pixels).
+    """
+    for key, x in (("x_train", x_train), ("x_test", x_test)):
+        if x.dtype != np.uint8 and not np.issubdtype(x.dtype, np.floating):
+            raise HvdtrainError(f"{name}: {key} must be uint8 or floating point, got dtype {x.dtype}")
+        if x.ndim != 4:
+            raise HvdtrainError(f"{name}: {key} must have shape (n, H, W[, C]), got {x.shape}")
+        if np.issubdtype(x.dtype, np.floating) and not np.all(np.isfinite(x)):
+            raise HvdtrainError(f"{name}: {key} contains NaN or Inf")
+    if x_train.shape[1:] != x_test.shape[1:]:
+        raise HvdtrainError(f"{name}: train images {x_train.shape[1:]} and test images {x_test.shape[1:]} differ in shape")
+    for key, y, x in (("y_train", y_train, x_train), ("y_test", y_test, x_test)):
+        if not np.issubdtype(y.dtype, np.integer):
+            raise HvdtrainError(f"{name}: {key} must be integer labels, got dtype {y.dtype}")
+        if y.ndim != 1:
+            raise HvdtrainError(f"{name}: {key} must have shape (n,), got {y.shape}")
+        if len(y) != len(x):
+            raise HvdtrainError(f"{name}: {len(x)} images but {len(y)} labels in {key}")
+    if len(y_train) == 0 or len(y_test) == 0:
+        raise HvdtrainError(f"{name}: empty dataset ({len(y_train)} training, {len(y_test)} test examples)")
+    low = min(int(y_train.min()), int(y_test.min()))
+    high = max(int(y_train.max()), int(y_test.max()))
+    num_classes = num_classes or high + 1
+    if low < 0 or high >= num_classes:
+        raise HvdtrainError(f"{name}: labels must be in [0, {num_classes}), found range [{low}, {high}]")
+    if num_classes < 2:
+        raise HvdtrainError(f"{name}: need at least 2 classes, labels only take the value {high}")
+    return Dataset(
+        x_train=np.ascontiguousarray(x_train if x_train.dtype == np.uint8 else x_train.astype(np.float32)),
+        y_train=y_train.astype(np.int32),
+        x_test=np.ascontiguousarray(x_test if x_test.dtype == np.uint8 else x_test.astype(np.float32)),
+        y_test=y_test.astype(np.int32),
+        num_classes=num_classes,
+        name=name,
+    )
+
+
+def load_dataset(kind: str, data_dir: str, seed: int = 0) -> Dataset:
+    """Load the dataset named by ``--dataset`` (``idx``, ``npz`` or ``synthetic``) from ``--data-dir``.
+
+    Raises:
+        HvdtrainError: for an unknown kind, or whatever the loader raises.
+    """
+    if kind == "idx":
+        return load_idx_dir(data_dir)
+    if kind == "npz":
+        return load_npz(data_dir)
+    if kind == "synthetic":
+        return make_synthetic(seed=seed)
+    raise HvdtrainError(f"unknown dataset {kind!r}; choose idx, npz or synthetic")

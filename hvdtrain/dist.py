@@ -1,0 +1,231 @@
+"""Distributed state: Horovod start-up, device and thread pinning, and rank coordination.
+
+Everything that asks Horovod "who am I?" lives here. The rest of hvdtrain receives one
+:class:`DistContext` explicitly instead of calling ``hvd.rank()`` wherever it likes, so that which
+code runs on which rank can be read off the call sites.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Callable, Optional, Sequence, TypeVar
+
+import numpy as np
+
+from hvdtrain.errors import HvdtrainError
+
+T = TypeVar("T")
+
+# Environment variables through which the common launchers tell a process its global rank, read
+# before Horovod starts (to print argument errors once, from rank 0 only).
+_RANK_ENV_VARS = ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID")
+
+
+def launcher_rank() -> int:
+    """The global rank the launcher gave this process, read from the environment.
+
+    Usable before ``hvd.init()`` (e.g. for argument errors). Returns 0 when no launcher variable is
+    set, i.e. for a plain ``python -m hvdtrain``.
+    """
+    for name in _RANK_ENV_VARS:
+        value = os.environ.get(name, "")
+        if value.isdigit():
+            return int(value)
+    return 0
+
+
+class PeerFailure(Exception):
+    """Raised on the ranks that did *not* find an error another rank reported during :meth:`DistContext.agree`.
+
+    The rank that found it prints the message; the others exit non-zero quietly, so the error
+    appears once.
+    """
+
+
+@dataclasses.dataclass(frozen=True)
+class DistContext:
+    """Who this process is in the job, and where it computes. Created by :func:`init_distributed`.
+
+    Attributes:
+        rank: global rank in ``[0, size)``.
+        local_rank: rank among the processes on this host, ``[0, local_size)``; selects the GPU.
+        size: world size, the number of processes in the job.
+        local_size: number of processes on this host.
+        cross_size: number of hosts.
+        device: TensorFlow device this rank computes on: ``"/GPU:0"`` (its own GPU, the only one
+            it sees) or ``"/CPU:0"``.
+        cpu_cores: the CPU cores this process may run on (its share on a shared host).
+        intra_op_threads: TensorFlow intra-op thread-pool size.
+    """
+
+    rank: int
+    local_rank: int
+    size: int
+    local_size: int
+    cross_size: int
+    device: str
+    cpu_cores: tuple
+    intra_op_threads: int
+
+    @property
+    def is_chief(self) -> bool:
+        """True on rank 0, the only rank that prints, logs and writes checkpoints."""
+        return self.rank == 0
+
+    # ---- coordination -----------------------------------------------------------------------
+    def allreduce_sum(self, values: Sequence[float], name: str) -> np.ndarray:
+        """Sum a small float64 vector over all ranks (eager; for metrics and agreement, not gradients).
+
+        Args:
+            values: the local vector, same length on every rank.
+            name: collective name, identical on every rank for the same call.
+
+        Returns:
+            ``np.ndarray`` of float64, the element-wise sum over ranks.
+        """
+        import horovod.tensorflow as hvd
+        import tensorflow as tf
+
+        local = tf.constant(np.asarray(values, dtype=np.float64))
+        if self.size == 1:
+            return local.numpy()
+        return hvd.allreduce(local, op=hvd.Sum, name=name).numpy()
+
+    def broadcast_object(self, obj, name: str):
+        """Rank 0's ``obj`` on every rank (a small picklable Python value created by hvdtrain itself)."""
+        if self.size == 1:
+            return obj
+        import horovod.tensorflow as hvd
+
+        return hvd.broadcast_object(obj, root_rank=0, name=name)
+
+    def agree(self, error: Optional[BaseException], what: str) -> None:
+        """Make every rank fail together if any rank hit an error during ``what``.
+
+        A collective: every rank must call it at the same point. Ranks that are fine would otherwise
+        wait forever in the next collective for a rank that has died or is about to raise.
+
+        Args:
+            error: the exception this rank caught during ``what``, or None.
+            what: a short description for the message, e.g. ``"loading data"``.
+
+        Raises:
+            The rank's own ``error`` on the lowest failing rank (which prints it), and
+            :class:`PeerFailure` on every other rank, whenever any rank passed an error.
+        """
+        flags = self.allreduce_sum(
+            [1.0 if r == self.rank and error is not None else 0.0 for r in range(self.size)],
+            name=f"hvdtrain.agree.{what.replace(' ', '_')}",
+        )
+        failing = np.flatnonzero(flags)
+        if failing.size == 0:
+            return
+        if self.rank == failing[0]:
+            error.rank_found = True  # this rank prints it (see hvdtrain.cli.main)
+            raise error
+        raise PeerFailure(f"rank {failing[0]} failed while {what}")
+
+    def guarded(self, what: str, fn: Callable[[], T]) -> T:
+        """Run ``fn()`` on this rank, then :meth:`agree` on the outcome: all ranks succeed or all raise.
+
+        A collective. Use it for start-up work that can fail on some ranks only (reading files,
+        importing a user's model), so the healthy ranks stop instead of hanging in the next collective.
+
+        Returns:
+            ``fn()``'s result.
+        """
+        result, error = None, None
+        try:
+            result = fn()
+        except Exception as e:  # noqa: BLE001 -- re-raised by agree() on the rank that hit it
+            error = e
+        self.agree(error, what)
+        return result
+
+    def close(self) -> None:
+        """Shut Horovod down (idempotent). Call in ``finally``."""
+        import horovod.tensorflow as hvd
+
+        if hvd.is_initialized():
+            hvd.shutdown()
+
+
+def _cpu_share(local_rank: int, local_size: int) -> tuple:
+    """The CPU cores this local rank should use: its own slice of the cores it may run on.
+
+    If the launcher already bound the process to a subset of the host's cores (``mpirun
+    --bind-to core``, SLURM ``--cpu-bind``), that subset is this rank's share as it stands.
+    Otherwise the available cores are split into ``local_size`` equal contiguous slices; with more
+    local ranks than cores, every rank shares all cores (oversubscribed: no binding helps).
+    """
+    available = sorted(os.sched_getaffinity(0))
+    if len(available) < (os.cpu_count() or len(available)) or local_size > len(available):
+        return tuple(available)
+    per_rank = len(available) // local_size
+    return tuple(available[local_rank * per_rank:(local_rank + 1) * per_rank])
+
+
+def init_distributed(threads: int = 0, use_gpu: bool = True) -> DistContext:
+    """Start Horovod and pin this process to its own GPU (or its own CPU cores).
+
+    Must run before any TensorFlow op: device visibility and thread pools are fixed once
+    TensorFlow's runtime starts.
+
+    Args:
+        threads: TensorFlow intra-op threads; 0 = one per core in this rank's share of the host.
+        use_gpu: use the GPU at the local rank if the host has GPUs; False forces the CPU.
+
+    Returns:
+        The :class:`DistContext` for this process.
+
+    Raises:
+        HvdtrainError: on every rank, if a host has GPUs but fewer than its local ranks (two ranks
+            sharing one GPU is the "all memory grabbed, one GPU computing" pitfall).
+    """
+    import horovod.tensorflow as hvd
+    import tensorflow as tf
+
+    # Init: starts the background thread that negotiates and runs collectives (Gloo or MPI).
+    hvd.init()
+    rank, local_rank, local_size = hvd.rank(), hvd.local_rank(), hvd.local_size()
+
+    # Pin: each process sees exactly one GPU, the one at its local rank, so it neither computes on
+    # nor reserves memory of its neighbours' GPUs; memory growth lets it take only what it needs.
+    error = None
+    gpus = tf.config.list_physical_devices("GPU") if use_gpu else []
+    if gpus and local_size > len(gpus):
+        error = HvdtrainError(
+            f"{local_size} ranks on this host but only {len(gpus)} visible GPU(s) "
+            f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '<unset>')}): start at most "
+            f"one rank per GPU, or pass --cpu to train on the CPU"
+        )
+    if gpus and error is None:
+        gpu = gpus[local_rank]
+        tf.config.set_visible_devices([gpu], "GPU")
+        tf.config.experimental.set_memory_growth(gpu, True)
+        device = "/GPU:0"
+    else:
+        tf.config.set_visible_devices([], "GPU")
+        device = "/CPU:0"
+
+    # CPU threads: ranks on one host split its cores instead of each starting a thread per core,
+    # which would oversubscribe the host local_size times over.
+    cores = _cpu_share(local_rank, local_size)
+    if cores and len(cores) < len(os.sched_getaffinity(0)):
+        os.sched_setaffinity(0, cores)
+    intra = threads if threads > 0 else max(1, len(cores))
+    tf.config.threading.set_intra_op_parallelism_threads(intra)
+    tf.config.threading.set_inter_op_parallelism_threads(2)
+
+    ctx = DistContext(
+        rank=rank,
+        local_rank=local_rank,
+        size=hvd.size(),
+        local_size=local_size,
+        cross_size=hvd.cross_size(),
+        device=device,
+        cpu_cores=cores,
+        intra_op_threads=intra,
+    )
+    ctx.agree(error, "pinning devices")
+    return ctx

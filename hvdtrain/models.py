@@ -1,0 +1,181 @@
+"""Models: the seed CNN, a CIFAR-style ResNet-20, and users' own models named ``module:function``.
+
+Every model maps float32 images ``(batch, H, W, C)`` scaled to [0, 1] to logits ``(batch, classes)``.
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Callable, Tuple
+
+import tensorflow as tf
+
+from hvdtrain.errors import HvdtrainError
+from hvdtrain.sync_bn import SyncBatchNormalization
+
+BUILTIN_MODELS = ("cnn", "resnet20")
+
+
+@tf.keras.utils.register_keras_serializable(package="hvdtrain")
+class SeededDropout(tf.keras.layers.Layer):
+    """Dropout whose masks are a pure function of (seed, rank, call count), so a resumed run repeats them.
+
+    The call count is a non-trainable int64 weight saved in checkpoints; ``rank`` makes the masks
+    of different ranks independent (each rank sees different examples).
+
+    Args:
+        rate: float in [0, 1), fraction of units dropped in training.
+        seed: int, run seed.
+        rank: int, this process's rank.
+
+    Call arguments:
+        inputs: float tensor of any shape.
+        training: drop units only when True.
+
+    Raises:
+        ValueError: for ``rate`` outside [0, 1).
+    """
+
+    def __init__(self, rate: float, seed: int = 0, rank: int = 0, **kwargs):
+        super().__init__(**kwargs)
+        if not 0.0 <= rate < 1.0:
+            raise ValueError(f"dropout rate must be in [0, 1), got {rate!r}")
+        self.rate, self.seed, self.rank = float(rate), int(seed), int(rank)
+
+    def build(self, input_shape):
+        self.calls = self.add_weight(name="calls", shape=(), dtype=tf.int64, initializer="zeros", trainable=False)
+        super().build(input_shape)
+
+    def call(self, inputs, training=None):
+        if not training or self.rate == 0.0:
+            return inputs
+        self.calls.assign_add(1)
+        seed = tf.stack([tf.constant(self.seed * 1_000_003 + self.rank, tf.int64), self.calls.read_value()])
+        keep = tf.random.stateless_uniform(tf.shape(inputs), seed=seed) >= self.rate
+        return tf.where(keep, inputs / (1.0 - self.rate), tf.zeros_like(inputs))
+
+    def get_config(self):
+        return {**super().get_config(), "rate": self.rate, "seed": self.seed, "rank": self.rank}
+
+
+def _norm_layer(sync_bn: bool) -> Callable[..., tf.keras.layers.Layer]:
+    return SyncBatchNormalization if sync_bn else tf.keras.layers.BatchNormalization
+
+
+def seed_cnn(input_shape: Tuple[int, int, int], num_classes: int, sync_bn: bool = True,
+             dropout: float = 0.25, seed: int = 0, rank: int = 0) -> tf.keras.Model:
+    """The seed CNN: (conv3x3-BN-ReLU-maxpool) x2 (32, 64 filters), dense(128)-BN-ReLU-dropout, dense.
+
+    Args:
+        input_shape: ``(H, W, C)``.
+        num_classes: output logits.
+        sync_bn: synchronized (True) or per-rank (False) batch normalization.
+        dropout: dropout rate before the classifier.
+        seed, rank: seed the dropout masks (see :class:`SeededDropout`).
+    """
+    norm = _norm_layer(sync_bn)
+    inputs = tf.keras.Input(input_shape)
+    x = inputs
+    for filters in (32, 64):
+        x = tf.keras.layers.Conv2D(filters, 3, padding="same", use_bias=False)(x)
+        x = norm()(x)
+        x = tf.keras.layers.ReLU()(x)
+        x = tf.keras.layers.MaxPool2D()(x)
+    x = tf.keras.layers.Flatten()(x)
+    x = tf.keras.layers.Dense(128, use_bias=False)(x)
+    x = norm()(x)
+    x = tf.keras.layers.ReLU()(x)
+    if dropout:
+        x = SeededDropout(dropout, seed=seed, rank=rank)(x)
+    outputs = tf.keras.layers.Dense(num_classes)(x)
+    return tf.keras.Model(inputs, outputs, name="seed_cnn")
+
+
+def resnet20(input_shape: Tuple[int, int, int], num_classes: int, sync_bn: bool = True,
+             **_unused) -> tf.keras.Model:
+    """ResNet-20 for small images: 3 stages x 3 basic blocks (16, 32, 64 filters), global pool, dense.
+
+    He, Zhang, Ren & Sun, "Deep Residual Learning for Image Recognition", CVPR 2016, §4.2 (n = 3),
+    with 1x1 projection shortcuts where the shape changes.
+
+    Args:
+        input_shape: ``(H, W, C)``, e.g. ``(32, 32, 3)`` or ``(28, 28, 1)``.
+        num_classes: output logits.
+        sync_bn: synchronized (True) or per-rank (False) batch normalization.
+    """
+    norm = _norm_layer(sync_bn)
+
+    def conv(filters, kernel, strides=1):
+        return tf.keras.layers.Conv2D(filters, kernel, strides, padding="same", use_bias=False,
+                                      kernel_initializer="he_normal")
+
+    inputs = tf.keras.Input(input_shape)
+    x = tf.keras.layers.ReLU()(norm()(conv(16, 3)(inputs)))
+    for stage, filters in enumerate((16, 32, 64)):
+        for block in range(3):
+            strides = 2 if stage > 0 and block == 0 else 1
+            shortcut = x
+            y = tf.keras.layers.ReLU()(norm()(conv(filters, 3, strides)(x)))
+            y = norm()(conv(filters, 3)(y))
+            if strides != 1 or shortcut.shape[-1] != filters:
+                shortcut = norm()(conv(filters, 1, strides)(shortcut))
+            x = tf.keras.layers.ReLU()(tf.keras.layers.Add()([shortcut, y]))
+    x = tf.keras.layers.GlobalAveragePooling2D()(x)
+    outputs = tf.keras.layers.Dense(num_classes)(x)
+    return tf.keras.Model(inputs, outputs, name="resnet20")
+
+
+def _import_model_fn(spec: str) -> Callable:
+    module_name, _, fn_name = spec.partition(":")
+    if not module_name or not fn_name:
+        raise HvdtrainError(f"--model {spec!r}: expected one of {BUILTIN_MODELS} or 'package.module:function'")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise HvdtrainError(f"--model {spec!r}: cannot import module {module_name!r} ({e})") from None
+    fn = getattr(module, fn_name, None)
+    if not callable(fn):
+        raise HvdtrainError(f"--model {spec!r}: module {module_name!r} has no function {fn_name!r}")
+    return fn
+
+
+def build_model(spec: str, input_shape: Tuple[int, int, int], num_classes: int, sync_bn: bool = True,
+                seed: int = 0, rank: int = 0) -> tf.keras.Model:
+    """Build the model named by ``--model``.
+
+    Args:
+        spec: ``"cnn"``, ``"resnet20"``, or ``"package.module:function"`` naming a function called
+            as ``function(input_shape=(H, W, C), num_classes=K)`` that returns an uncompiled
+            ``tf.keras.Model`` mapping ``(batch, H, W, C)`` float32 images in [0, 1] to
+            ``(batch, K)`` logits. (Use :class:`hvdtrain.SyncBatchNormalization` in it for
+            synchronized batch statistics.)
+        input_shape: ``(H, W, C)``.
+        num_classes: ``K``.
+        sync_bn: for built-in models, synchronized (True) or per-rank batch normalization.
+        seed, rank: seed built-in models' dropout masks.
+
+    Returns:
+        The built ``tf.keras.Model``.
+
+    Raises:
+        HvdtrainError: for an unknown name, a module or function that cannot be imported, or a
+            function that does not return a Keras model with ``K`` outputs.
+    """
+    if spec == "cnn":
+        return seed_cnn(input_shape, num_classes, sync_bn=sync_bn, seed=seed, rank=rank)
+    if spec == "resnet20":
+        return resnet20(input_shape, num_classes, sync_bn=sync_bn)
+    if ":" not in spec:
+        raise HvdtrainError(f"--model {spec!r}: unknown model; choose one of {BUILTIN_MODELS} or 'package.module:function'")
+    fn = _import_model_fn(spec)
+    try:
+        model = fn(input_shape=tuple(input_shape), num_classes=num_classes)
+    except HvdtrainError:
+        raise
+    except Exception as e:  # the user's code: report it as theirs, with its message
+        raise HvdtrainError(f"--model {spec!r}: the function raised {type(e).__name__}: {e}") from e
+    if not isinstance(model, tf.keras.Model):
+        raise HvdtrainError(f"--model {spec!r}: the function returned {type(model).__name__}, not a tf.keras.Model")
+    out_shape = tuple(model.output_shape) if hasattr(model, "output_shape") else None
+    if out_shape is not None and out_shape[-1] != num_classes:
+        raise HvdtrainError(f"--model {spec!r}: the model outputs shape {out_shape}, expected (batch, {num_classes}) logits")
+    return model

@@ -1,0 +1,332 @@
+"""Synchronized batch normalization over all Horovod ranks, exact for any per-rank batch sizes."""
+from __future__ import annotations
+
+from typing import Sequence, Union
+
+import tensorflow as tf
+
+_HALF_DTYPES = (tf.float16, tf.bfloat16)
+
+
+def _world_size() -> int:
+    import horovod.tensorflow as hvd
+
+    return hvd.size() if hvd.is_initialized() else 1
+
+
+def _allreduce_sum(tensor: tf.Tensor) -> tf.Tensor:
+    import horovod.tensorflow as hvd
+
+    return hvd.allreduce(tensor, op=hvd.Sum)
+
+
+@tf.keras.utils.register_keras_serializable(package="hvdtrain")
+class SyncBatchNormalization(tf.keras.layers.Layer):
+    """Batch normalization whose batch statistics span the global batch of all Horovod ranks.
+
+    In training, the mean and variance are those of the concatenation of every rank's batch, so
+    N ranks with local batches ``B_1 ... B_N`` normalize (and back-propagate) exactly as one process
+    with batch ``B_1 + ... + B_N``. Local batch sizes may differ and may be zero. Each training call
+    costs one allreduce forward and one backward, each of ``2·C + 1`` resp. ``2·C`` numbers.
+
+    Forward: each rank computes, for each channel, its count ``n_r`` and its two-pass local moments
+    (mean ``m_r``, then sums of ``d = x - m_r`` and ``d²``), which are exact and free of cancellation
+    whatever the data's offset. These are re-expressed, in float64, as sums of ``x - K`` and
+    ``(x - K)²`` around a shift ``K`` identical on every rank (the moving mean, gradient stopped),
+    and summed over ranks in one float64 allreduce together with the count. The global mean and
+    variance follow without catastrophic cancellation: float64 leaves ~1e-16·(mean-K)²/var relative
+    error, so data with mean 1e4 and std 1 on the first step (``K = 0``) loses nothing
+    (Chan, Golub & LeVeque 1983, "Algorithms for computing the sample variance"; the shifted-data
+    algorithm). The variance is clamped at 0 and a zero global count divides by nothing.
+    The mean is then split into float32 ``hi + lo`` parts so ``x - mean`` stays exact in float32
+    even when ``|mean| ≫ std``.
+
+    Backward: a custom gradient with one allreduce of the per-channel ``[Σdy, Σdy·x̂]`` gives the
+    exact gradient of global-batch batch normalization with respect to each rank's input:
+    ``dx = γ/σ · (dy - Σdy/N - x̂ · Σ(dy·x̂)/N)`` (Ioffe & Szegedy 2015, "Batch Normalization", §3),
+    while ``dγ = Σ_local dy·x̂`` and ``dβ = Σ_local dy`` stay local, so that Horovod's averaging of
+    gradients over ranks yields the global-batch gradient.
+
+    Moving mean and variance are updated from the global statistics, so they are identical on every
+    rank; no update happens when the global count is 0. Inference uses them and communicates nothing.
+    With world size 1 (or Horovod not initialized) the layer is plain batch normalization and makes
+    no collective call. float16/bfloat16 inputs are normalized with float32 statistics and returned
+    in the input dtype; the layer's weights stay float32 under a mixed-precision policy.
+
+    Args:
+        axis: int or list of ints, the channel axis or axes (default -1, channels-last; use 1 for
+            channels-first). Statistics are per entry of these axes, over all other axes.
+        momentum: float in [0, 1], moving-average decay: ``moving = momentum·moving +
+            (1 - momentum)·batch``.
+        epsilon: float > 0 added to the variance before the square root.
+        center: if True, add the learned offset ``beta``.
+        scale: if True, multiply by the learned ``gamma``.
+        beta_initializer, gamma_initializer, moving_mean_initializer, moving_variance_initializer:
+            Keras initializers for the four per-channel weights.
+        beta_regularizer, gamma_regularizer: optional Keras regularizers.
+        beta_constraint, gamma_constraint: optional Keras constraints.
+        unbiased_moving_variance: if True, the moving variance tracks the unbiased global batch
+            variance ``var · N/(N - 1)`` (PyTorch's convention); default False tracks the biased
+            variance used for normalization (Keras' convention).
+        **kwargs: standard Keras layer arguments (``name``, ``dtype``, ``trainable``...).
+
+    Call arguments:
+        inputs: tensor of rank >= 2, any float dtype.
+        training: Python bool or boolean scalar tensor. True normalizes with global batch statistics
+            and updates the moving statistics; False (or None) uses the moving statistics. A layer
+            with ``trainable=False`` always runs in inference mode (Keras' fine-tuning convention).
+
+    Input shape:
+        Arbitrary, rank >= 2, with the ``axis`` dimensions known, e.g. ``(batch, C)``,
+        ``(batch, steps, C)``, ``(batch, H, W, C)`` or ``(batch, C, H, W)`` with ``axis=1``.
+
+    Output shape:
+        Same shape and dtype as the input.
+
+    Reference:
+        Ioffe & Szegedy, "Batch Normalization: Accelerating Deep Network Training by Reducing
+        Internal Covariate Shift", ICML 2015. Peng et al., "MegDet: A Large Mini-Batch Object
+        Detector", CVPR 2018 (cross-GPU batch normalization). Chan, Golub & LeVeque, "Algorithms for
+        Computing the Sample Variance: Analysis and Recommendations", The American Statistician 1983.
+
+    Raises:
+        ValueError: in the constructor for ``momentum`` outside [0, 1], ``epsilon <= 0`` or a
+            non-integer ``axis``; when built for an input whose rank is < 2, whose ``axis`` is out
+            of range or repeated, or whose channel dimensions are unknown.
+
+    Caveats:
+        * Every rank must call the layer the same number of times per training step, in the same
+          order: each training call is a collective. A rank that skips a call (a Python branch that
+          depends on rank-local data, a different number of steps per epoch) leaves the others
+          waiting for its allreduce; Horovod's stall check then reports the missing rank and, under
+          hvdtrain, the job aborts instead of hanging. hvdtrain guarantees equal calls by running
+          the same model on every rank and the same number of steps per epoch on every rank
+          (:mod:`hvdtrain.data` gives short or empty local batches rather than fewer steps).
+        * Inference (``training=False``) makes no collective call, so evaluation shards may differ.
+        * Losses must be sums over the local batch scaled to the global batch for the step to equal
+          the global-batch step when local batches differ (see :mod:`hvdtrain.train`).
+    """
+
+    def __init__(
+        self,
+        axis: Union[int, Sequence[int]] = -1,
+        momentum: float = 0.99,
+        epsilon: float = 1e-3,
+        center: bool = True,
+        scale: bool = True,
+        beta_initializer="zeros",
+        gamma_initializer="ones",
+        moving_mean_initializer="zeros",
+        moving_variance_initializer="ones",
+        beta_regularizer=None,
+        gamma_regularizer=None,
+        beta_constraint=None,
+        gamma_constraint=None,
+        unbiased_moving_variance: bool = False,
+        **kwargs,
+    ):
+        # No autocast: half-precision inputs keep their dtype (statistics are float32 regardless).
+        kwargs.setdefault("autocast", False)
+        super().__init__(**kwargs)
+        axes = list(axis) if isinstance(axis, (list, tuple)) else [axis]
+        if not axes or not all(isinstance(a, int) and not isinstance(a, bool) for a in axes):
+            raise ValueError(f"axis must be an int or a non-empty list of ints, got {axis!r}")
+        if not 0.0 <= float(momentum) <= 1.0:
+            raise ValueError(f"momentum must be in [0, 1], got {momentum!r}")
+        if not float(epsilon) > 0.0:
+            raise ValueError(f"epsilon must be > 0, got {epsilon!r}")
+        self.axis = axes if isinstance(axis, (list, tuple)) else axis
+        self.momentum = float(momentum)
+        self.epsilon = float(epsilon)
+        self.center = bool(center)
+        self.scale = bool(scale)
+        self.beta_initializer = tf.keras.initializers.get(beta_initializer)
+        self.gamma_initializer = tf.keras.initializers.get(gamma_initializer)
+        self.moving_mean_initializer = tf.keras.initializers.get(moving_mean_initializer)
+        self.moving_variance_initializer = tf.keras.initializers.get(moving_variance_initializer)
+        self.beta_regularizer = tf.keras.regularizers.get(beta_regularizer)
+        self.gamma_regularizer = tf.keras.regularizers.get(gamma_regularizer)
+        self.beta_constraint = tf.keras.constraints.get(beta_constraint)
+        self.gamma_constraint = tf.keras.constraints.get(gamma_constraint)
+        self.unbiased_moving_variance = bool(unbiased_moving_variance)
+        self.supports_masking = True
+
+    # ---- construction -------------------------------------------------------------------------
+    def build(self, input_shape):
+        input_shape = tf.TensorShape(input_shape)
+        ndim = input_shape.rank
+        if ndim is None or ndim < 2:
+            raise ValueError(f"{self.name}: input must have rank >= 2, got shape {input_shape}")
+        axes = self.axis if isinstance(self.axis, list) else [self.axis]
+        if any(not -ndim <= a < ndim for a in axes):
+            raise ValueError(f"{self.name}: axis {self.axis} out of range for input shape {input_shape}")
+        self._axes = sorted(a % ndim for a in axes)
+        if len(set(self._axes)) != len(self._axes):
+            raise ValueError(f"{self.name}: axis {self.axis} repeats an axis of input shape {input_shape}")
+        if 0 in self._axes:
+            raise ValueError(f"{self.name}: axis {self.axis} includes the batch axis 0")
+        param_shape = [input_shape[a] for a in self._axes]
+        if any(d is None for d in param_shape):
+            raise ValueError(f"{self.name}: channel dimension(s) {self.axis} of {input_shape} must be known")
+        self._reduction_axes = [a for a in range(ndim) if a not in self._axes]
+        self._broadcast_shape = [input_shape[a] if a in self._axes else 1 for a in range(ndim)]
+        self._channels = 1
+        for d in param_shape:
+            self._channels *= d
+        self.input_spec = tf.keras.layers.InputSpec(ndim=ndim, axes={a: input_shape[a] for a in self._axes})
+
+        param_dtype = tf.float32 if self.dtype in ("float16", "bfloat16") else self.dtype
+        if self.scale:
+            self.gamma = self.add_weight(
+                name="gamma", shape=param_shape, dtype=param_dtype, initializer=self.gamma_initializer,
+                regularizer=self.gamma_regularizer, constraint=self.gamma_constraint, experimental_autocast=False,
+            )
+        else:
+            self.gamma = None
+        if self.center:
+            self.beta = self.add_weight(
+                name="beta", shape=param_shape, dtype=param_dtype, initializer=self.beta_initializer,
+                regularizer=self.beta_regularizer, constraint=self.beta_constraint, experimental_autocast=False,
+            )
+        else:
+            self.beta = None
+        stat = dict(shape=param_shape, dtype=param_dtype, trainable=False, experimental_autocast=False,
+                    synchronization=tf.VariableSynchronization.ON_READ,
+                    aggregation=tf.VariableAggregation.MEAN)
+        self.moving_mean = self.add_weight(name="moving_mean", initializer=self.moving_mean_initializer, **stat)
+        self.moving_variance = self.add_weight(
+            name="moving_variance", initializer=self.moving_variance_initializer, **stat)
+        super().build(input_shape)
+
+    # ---- computation --------------------------------------------------------------------------
+    def _params(self):
+        """gamma, beta as float32 tensors of shape ``broadcast_shape`` (ones/zeros when disabled)."""
+        shape = self._broadcast_shape
+        gamma = tf.ones(shape, tf.float32) if self.gamma is None else tf.reshape(tf.cast(self.gamma, tf.float32), shape)
+        beta = tf.zeros(shape, tf.float32) if self.beta is None else tf.reshape(tf.cast(self.beta, tf.float32), shape)
+        return gamma, beta
+
+    def call(self, inputs, training=None):
+        if training is None or not self.trainable:
+            training = False
+        return tf.__internal__.smart_cond.smart_cond(
+            training, lambda: self._training_call(inputs), lambda: self._inference_call(inputs))
+
+    def _inference_call(self, inputs):
+        shape = self._broadcast_shape
+        gamma, beta = self._params()
+        mean = tf.reshape(tf.cast(self.moving_mean, tf.float32), shape)
+        inv_std = tf.math.rsqrt(tf.reshape(tf.cast(self.moving_variance, tf.float32), shape) + self.epsilon)
+        x = tf.cast(inputs, tf.float32)
+        return tf.cast((x - mean) * (gamma * inv_std) + beta, inputs.dtype)
+
+    def _global_moments(self, x, shift):
+        """Global count, mean and biased variance of ``x`` (float32) over all ranks' batches.
+
+        Args:
+            x: float32 local input.
+            shift: float64 tensor of shape ``broadcast_shape``, identical on every rank.
+
+        Returns:
+            ``(count, mean, variance)``: a float64 scalar and two float64 tensors of
+            ``broadcast_shape``; mean and variance are 0 when the global count is 0.
+        """
+        axes, shape = self._reduction_axes, self._broadcast_shape
+        local_count = tf.cast(tf.size(x, out_type=tf.int64) // self._channels, tf.float64)
+        # Two passes over the local batch: a first mean, then sums of deviations from it. The sum
+        # of deviations corrects the first mean's rounding, the squares carry no offset.
+        first_mean = tf.reduce_sum(x, axes, keepdims=True) / tf.cast(tf.maximum(local_count, 1.0), tf.float32)
+        dev = x - first_mean
+        dev_sum = tf.cast(tf.reduce_sum(dev, axes, keepdims=True), tf.float64)
+        dev_sq_sum = tf.cast(tf.reduce_sum(tf.square(dev), axes, keepdims=True), tf.float64)
+        # The same sums around the common shift K: Σ(x-K) and Σ(x-K)², exactly, in float64.
+        offset = tf.cast(first_mean, tf.float64) - shift
+        shifted_sum = dev_sum + local_count * offset
+        shifted_sq_sum = dev_sq_sum + 2.0 * offset * dev_sum + local_count * tf.square(offset)
+        packed = tf.concat([[local_count], tf.reshape(shifted_sum, [-1]), tf.reshape(shifted_sq_sum, [-1])], 0)
+        if _world_size() > 1:
+            packed = _allreduce_sum(packed)  # the layer's one forward collective
+        count = packed[0]
+        shifted_sum, shifted_sq_sum = tf.split(packed[1:], 2)
+        mean_offset = tf.math.divide_no_nan(tf.reshape(shifted_sum, shape), count)
+        variance = tf.maximum(tf.math.divide_no_nan(tf.reshape(shifted_sq_sum, shape), count)
+                              - tf.square(mean_offset), 0.0)
+        return count, shift + mean_offset, variance
+
+    def _training_call(self, inputs):
+        shape, axes = self._broadcast_shape, self._reduction_axes
+        x = tf.cast(inputs, tf.float32)
+        shift = tf.stop_gradient(tf.reshape(tf.cast(self.moving_mean, tf.float64), shape))
+        count, mean, variance = self._global_moments(x, shift)
+        self._update_moving_statistics(count, mean, variance)
+
+        # Float32 hi + lo split of the float64 mean: x - hi is exact when x is near the mean
+        # (Sterbenz), so the normalized value keeps float32 precision even when |mean| >> std.
+        mean_hi = tf.cast(mean, tf.float32)
+        mean_lo = tf.cast(mean - tf.cast(mean_hi, tf.float64), tf.float32)
+        inv_std64 = tf.math.rsqrt(variance + self.epsilon)
+        inv_std = tf.cast(inv_std64, tf.float32)
+        n_inv = tf.cast(tf.math.divide_no_nan(tf.constant(1.0, tf.float64), count), tf.float32)
+        gamma, beta = self._params()
+
+        @tf.custom_gradient
+        def normalize(x, gamma, beta):
+            scale = gamma * inv_std
+            centered = x - mean_hi
+            y = centered * scale + (beta - mean_lo * scale)
+
+            def grad(dy):
+                dy = tf.cast(dy, tf.float32)
+                # Local per-channel Σdy and Σdy·x̂, with x̂ = (centered - lo)·inv_std.
+                sum_dy = tf.reduce_sum(dy, axes, keepdims=True)
+                sum_dy_xhat = (tf.reduce_sum(dy * centered, axes, keepdims=True) - mean_lo * sum_dy) * inv_std
+                local = tf.concat([tf.reshape(sum_dy, [-1]), tf.reshape(sum_dy_xhat, [-1])], 0)
+                if _world_size() > 1:
+                    total = _allreduce_sum(local)  # the layer's one backward collective
+                else:
+                    total = local
+                total_dy, total_dy_xhat = (tf.reshape(t, shape) for t in tf.split(total, 2))
+                # dx = scale·(dy - Σdy/N - x̂·Σdy·x̂/N), folded into a·dy + b·centered + c.
+                b = -scale * inv_std * total_dy_xhat * n_inv
+                c = -scale * total_dy * n_inv - b * mean_lo
+                dx = scale * dy + b * centered + c
+                return dx, sum_dy_xhat, sum_dy
+
+            return y, grad
+
+        y = normalize(x, gamma, beta)
+        return tf.cast(y, inputs.dtype)
+
+    def _update_moving_statistics(self, count, mean, variance):
+        """Moving averages from the global batch statistics; unchanged when the global count is 0."""
+        if self.unbiased_moving_variance:
+            variance = variance * tf.math.divide_no_nan(count, count - 1.0)
+        has_data = count > 0
+        m = self.momentum
+        for var, batch_value in ((self.moving_mean, mean), (self.moving_variance, variance)):
+            batch_value = tf.reshape(batch_value, tf.shape(var))
+            updated = m * tf.cast(var, tf.float64) + (1.0 - m) * batch_value
+            var.assign(tf.cast(tf.where(has_data, updated, tf.cast(var, tf.float64)), var.dtype))
+
+    def compute_output_shape(self, input_shape):
+        return input_shape
+
+    def get_config(self):
+        ser = tf.keras.initializers.serialize
+        config = {
+            "axis": self.axis,
+            "momentum": self.momentum,
+            "epsilon": self.epsilon,
+            "center": self.center,
+            "scale": self.scale,
+            "beta_initializer": ser(self.beta_initializer),
+            "gamma_initializer": ser(self.gamma_initializer),
+            "moving_mean_initializer": ser(self.moving_mean_initializer),
+            "moving_variance_initializer": ser(self.moving_variance_initializer),
+            "beta_regularizer": tf.keras.regularizers.serialize(self.beta_regularizer),
+            "gamma_regularizer": tf.keras.regularizers.serialize(self.gamma_regularizer),
+            "beta_constraint": tf.keras.constraints.serialize(self.beta_constraint),
+            "gamma_constraint": tf.keras.constraints.serialize(self.gamma_constraint),
+            "unbiased_moving_variance": self.unbiased_moving_variance,
+        }
+        return {**super().get_config(), **config}

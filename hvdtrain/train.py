@@ -1,0 +1,273 @@
+"""The training recipe, start to end: init, pin, shard, scale LR, wrap optimizer, broadcast, train.
+
+:func:`run` is the one path a training job takes; :class:`Trainer` holds the compiled steps.
+"""
+from __future__ import annotations
+
+import os
+import time
+from typing import List, Optional
+
+import numpy as np
+import tensorflow as tf
+
+from hvdtrain import callbacks as cbs
+from hvdtrain.checkpoint import CheckpointManager
+from hvdtrain.config import Config
+from hvdtrain.data import Dataset, load_dataset
+from hvdtrain.dist import DistContext, init_distributed
+from hvdtrain.errors import HvdtrainError
+from hvdtrain.models import build_model
+from hvdtrain.optim import build_optimizer
+from hvdtrain.sharding import ShardPlan, eval_shard
+
+
+def _to_model_input(images: tf.Tensor) -> tf.Tensor:
+    """uint8 pixels -> float32 in [0, 1]; float data passes through as float32."""
+    if images.dtype == tf.uint8:
+        return tf.cast(images, tf.float32) * (1.0 / 255.0)
+    return tf.cast(images, tf.float32)
+
+
+class Trainer:
+    """Runs epochs of data-parallel training on one rank.
+
+    The training set lives on this rank's device once; each step sends only the int32 indices of
+    the local batch (from the :class:`ShardPlan`), and the compiled step gathers the examples.
+
+    Args:
+        ctx: this process's distributed context.
+        model: the Keras model (variables already broadcast from rank 0).
+        optimizer: ``hvd.DistributedOptimizer``-wrapped optimizer, variables built and broadcast.
+        dataset: the whole dataset (every rank holds it; each reads only its shard per step).
+        plan: this rank's shard plan.
+        log_every: steps between global running metrics.
+        eval_batch_size: evaluation batch per rank.
+        callbacks: side effects; chief-only ones only on the chief.
+
+    Raises:
+        ValueError: if a chief-only callback is given to another rank.
+    """
+
+    def __init__(self, ctx: DistContext, model: tf.keras.Model, optimizer, dataset: Dataset, plan: ShardPlan,
+                 log_every: int = 50, eval_batch_size: int = 1000, callbacks: Optional[List[cbs.Callback]] = None):
+        self.ctx, self.model, self.optimizer, self.plan = ctx, model, optimizer, plan
+        self.log_every, self.eval_batch_size = log_every, eval_batch_size
+        self.callbacks = list(callbacks or [])
+        if not ctx.is_chief and any(cb.chief_only for cb in self.callbacks):
+            raise ValueError("chief-only callbacks given to a non-chief rank")
+        test = eval_shard(len(dataset.y_test), ctx.size, ctx.rank)
+        with tf.device(ctx.device):
+            self.x_train = tf.constant(dataset.x_train)
+            self.y_train = tf.constant(dataset.y_train)
+            self.x_test = tf.constant(dataset.x_test[test])
+            self.y_test = tf.constant(dataset.y_test[test])
+            # Local sums since the epoch began: [loss, correct predictions, examples], float64 so
+            # that sums over an epoch stay exact.
+            self._sums = tf.Variable(tf.zeros(3, tf.float64), trainable=False, name="epoch_sums")
+        self.train_step = self._make_train_step()
+        self.eval_step = self._make_eval_step()
+
+    # ---- compiled steps --------------------------------------------------------------------------
+    def _make_train_step(self):
+        model, optimizer, world_size = self.model, self.optimizer, float(self.ctx.size)
+
+        @tf.function(input_signature=[tf.TensorSpec([None], tf.int32), tf.TensorSpec([], tf.float32)])
+        def train_step(indices, global_count):
+            images = _to_model_input(tf.gather(self.x_train, indices))
+            labels = tf.gather(self.y_train, indices)
+            with tf.GradientTape() as tape:
+                logits = model(images, training=True)
+                per_example = tf.keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True)
+                # Sum over the local batch scaled by world_size / global_count: Horovod averages the
+                # ranks' gradients, so the result is the gradient of the mean loss over the global
+                # batch, exact even when local batches differ in size (the last step of an epoch).
+                loss = tf.reduce_sum(per_example) * (world_size / global_count)
+                if model.losses:
+                    loss += tf.add_n(model.losses)
+            # Allreduce (average) of the gradients happens in the wrapped compute_gradients.
+            optimizer.apply_gradients(optimizer.compute_gradients(loss, model.trainable_variables, tape=tape))
+            correct = tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, 1, output_type=tf.int32), labels), tf.float64))
+            self._sums.assign_add(tf.stack([tf.reduce_sum(tf.cast(per_example, tf.float64)), correct,
+                                            tf.cast(tf.size(labels), tf.float64)]))
+
+        return train_step
+
+    def _make_eval_step(self):
+        model = self.model
+
+        @tf.function(input_signature=[tf.TensorSpec([], tf.int32), tf.TensorSpec([], tf.int32)])
+        def eval_step(start, end):
+            images = _to_model_input(self.x_test[start:end])
+            labels = self.y_test[start:end]
+            logits = model(images, training=False)
+            loss = tf.keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True)
+            correct = tf.cast(tf.equal(tf.argmax(logits, 1, output_type=tf.int32), labels), tf.float64)
+            return tf.stack([tf.reduce_sum(tf.cast(loss, tf.float64)), tf.reduce_sum(correct),
+                             tf.cast(tf.size(labels), tf.float64)])
+
+        return eval_step
+
+    # ---- exact global metrics ---------------------------------------------------------------------
+    def _global_mean(self, local_sums, name: str) -> dict:
+        """Allreduce ``[loss_sum, correct, count]`` and divide: exact over all ranks' examples."""
+        loss_sum, correct, count = self.ctx.allreduce_sum(np.asarray(local_sums), name=name)
+        return {"loss": loss_sum / max(count, 1.0), "accuracy": correct / max(count, 1.0), "count": int(count)}
+
+    def evaluate(self) -> dict:
+        """Loss and accuracy over the whole test set, each example counted once (a collective)."""
+        sums = np.zeros(3)
+        n = int(self.y_test.shape[0])
+        for start in range(0, n, self.eval_batch_size):
+            sums += self.eval_step(start, min(start + self.eval_batch_size, n)).numpy()
+        return self._global_mean(sums, "hvdtrain.eval")
+
+    # ---- the loop -------------------------------------------------------------------------------
+    def fit(self, start_epoch: int, epochs: int) -> dict:
+        """Train epochs ``start_epoch .. epochs-1``; return the last epoch's metrics (or a test-only dict).
+
+        Every rank runs the same steps and collectives in the same order.
+        """
+        for cb in self.callbacks:
+            cb.on_train_begin(start_epoch, epochs)
+        metrics = {}
+        for epoch in range(start_epoch, epochs):
+            steps = self.plan.steps_per_epoch
+            for cb in self.callbacks:
+                cb.on_epoch_begin(epoch, steps)
+            self._sums.assign(tf.zeros(3, tf.float64))
+            start = time.perf_counter()
+            for step, indices, global_count in self.plan.epoch(epoch):
+                self.train_step(indices, np.float32(global_count))
+                running = None
+                if (step + 1) % self.log_every == 0:
+                    running = self._global_mean(self._sums.numpy(), "hvdtrain.running")
+                for cb in self.callbacks:
+                    cb.on_step_end(epoch, step, running)
+            train = self._global_mean(self._sums.numpy(), "hvdtrain.train")
+            elapsed = time.perf_counter() - start
+            test = self.evaluate()
+            metrics = {
+                "train_loss": train["loss"], "train_accuracy": train["accuracy"],
+                "test_loss": test["loss"], "test_accuracy": test["accuracy"],
+                "images_per_sec": train["count"] / elapsed, "epoch_time_s": elapsed,
+                "lr": float(self.optimizer.learning_rate(self.optimizer.iterations))
+                if callable(self.optimizer.learning_rate) else float(self.optimizer.learning_rate),
+                "world_size": self.ctx.size,
+            }
+            for cb in self.callbacks:
+                cb.on_epoch_end(epoch, metrics)
+        if not metrics:  # nothing left to train (epochs reached): report the test metrics
+            test = self.evaluate()
+            metrics = {"test_loss": test["loss"], "test_accuracy": test["accuracy"]}
+        return metrics
+
+
+def _open_checkpoints(config: Config, ckpt_dir: str, model, optimizer):
+    """Rank 0: the checkpoint manager and the epoch to start from (restoring if ``--resume``)."""
+    manager = CheckpointManager(ckpt_dir, model, optimizer, keep=config.checkpoint.keep)
+    latest = manager.latest()
+    if not config.checkpoint.resume:
+        if latest:
+            raise HvdtrainError(f"checkpoint directory {ckpt_dir} already holds {os.path.basename(latest)}; "
+                                f"pass --resume to continue that run, or choose another --log-dir/--checkpoint-dir")
+        return manager, 0
+    if latest is None:
+        raise HvdtrainError(f"--resume: no checkpoint in {ckpt_dir}")
+    meta = manager.restore(latest)
+    return manager, int(meta["epoch"])
+
+
+def _banner(ctx: DistContext, config: Config, dataset: Dataset, plan: ShardPlan, schedule, model,
+            run_dir: str, ckpt_dir: str, start_epoch: int) -> str:
+    last = plan.global_batch_size(plan.steps_per_epoch - 1)
+    return "\n".join([
+        f"hvdtrain: world size {ctx.size} ({ctx.local_size} local rank(s) x {ctx.cross_size} host(s)), "
+        f"device {ctx.device}, {ctx.intra_op_threads} thread(s) per rank",
+        f"data:  {dataset.name}: {len(dataset.y_train):,} train / {len(dataset.y_test):,} test, "
+        f"{'x'.join(map(str, dataset.input_shape))}, {dataset.num_classes} classes",
+        f"batch: local {plan.local_batch} x {ctx.size} rank(s) = global {plan.global_batch}; "
+        f"{plan.steps_per_epoch} steps per epoch (last global batch {last})",
+        f"lr:    base {schedule.base_lr:g} x {ctx.size} = peak {schedule.peak_lr:g}, linear warmup "
+        f"{config.optim.warmup_epochs:g} epoch(s) ({schedule.warmup_steps} steps), then {config.optim.lr_schedule}",
+        f"model: {config.model.name} ({'synchronized' if config.model.sync_bn else 'per-rank'} BatchNorm), "
+        f"{model.count_params():,} parameters",
+        f"run:   {run_dir} (checkpoints {ckpt_dir}), epochs {start_epoch + 1}..{config.epochs}",
+    ])
+
+
+def broadcast_state(ctx: DistContext, model: tf.keras.Model, optimizer) -> None:
+    """Overwrite every rank's model and optimizer variables with rank 0's (a collective).
+
+    Needed once the variables exist -- random initialisation differs per rank -- and after rank 0
+    restores a checkpoint. The optimizer's slots must already be built (``optimizer.build``).
+    """
+    if ctx.size > 1:
+        import horovod.tensorflow as hvd
+
+        hvd.broadcast_variables(model.variables + list(optimizer.variables), root_rank=0)
+
+
+def run(config: Config) -> dict:
+    """Train as configured on this rank; every rank of the job calls it. Returns the final metrics.
+
+    Raises:
+        HvdtrainError: on every rank (printed once) for bad data, model, directories or checkpoints.
+    """
+    # 1. Init and pin: Horovod up, this process on its own GPU or its own CPU cores.
+    ctx = init_distributed(threads=config.runtime.threads, use_gpu=not config.runtime.cpu)
+    callbacks: List[cbs.Callback] = []
+    try:
+        # Same seed everywhere; initial weights are broadcast from rank 0 anyway (step 5).
+        tf.keras.utils.set_random_seed(config.seed)
+
+        # 2. Data: every rank loads the (small, in-memory) dataset; the plan gives each rank a
+        #    disjoint shard per epoch and the same number of steps.
+        dataset = ctx.guarded("loading data", lambda: load_dataset(config.data.dataset, config.data.data_dir, config.seed))
+        plan = ShardPlan(len(dataset.y_train), config.batch_size, ctx.size, ctx.rank, seed=config.seed)
+
+        # 3. Model, on this rank's device.
+        with tf.device(ctx.device):
+            model = ctx.guarded("building the model", lambda: build_model(
+                config.model.name, dataset.input_shape, dataset.num_classes, sync_bn=config.model.sync_bn,
+                seed=config.seed, rank=ctx.rank))
+
+            # 4. Optimizer: learning rate scaled by world size with warmup; Horovod's wrapper
+            #    averages gradients by allreduce. Its slots are built now so they can be broadcast.
+            optimizer, schedule = build_optimizer(config.optim, ctx.size, plan.steps_per_epoch, config.epochs)
+            optimizer.build(model.trainable_variables)
+
+        # 5. Run directory and checkpoints (rank 0 only writes), restored state on resume.
+        run_dir = ctx.broadcast_object(config.log.dir or os.path.join("runs", time.strftime("%Y%m%d-%H%M%S")),
+                                       name="hvdtrain.run_dir")
+        ckpt_dir = config.checkpoint.dir or os.path.join(run_dir, "checkpoints")
+        manager, start_epoch = ctx.guarded(
+            "opening the run directory",
+            lambda: _open_checkpoints(config, ckpt_dir, model, optimizer) if ctx.is_chief else (None, 0))
+        start_epoch = ctx.broadcast_object(start_epoch, name="hvdtrain.start_epoch")
+
+        # 6. Broadcast: every rank starts from rank 0's weights and optimizer state (fresh or restored).
+        broadcast_state(ctx, model, optimizer)
+
+        # 7. Rank-0 side effects: banner, progress, logs, checkpoints -- the one chief-only block.
+        if ctx.is_chief:
+            print(_banner(ctx, config, dataset, plan, schedule, model, run_dir, ckpt_dir, start_epoch), flush=True)
+            meta = {"model": config.model.name, "seed": config.seed, "world_size": ctx.size, "config": config.to_dict()}
+            callbacks = ([cbs.ProgressBar()] if config.log.progress else []) + [
+                cbs.EpochLine(config.epochs),
+                cbs.JsonlMetrics(run_dir),
+                cbs.TensorBoard(run_dir, plan.steps_per_epoch),
+                cbs.Checkpointer(manager, meta, plan.steps_per_epoch),
+            ]
+
+        # 8. Train: the same steps on every rank.
+        trainer = Trainer(ctx, model, optimizer, dataset, plan, log_every=config.log.log_every,
+                          eval_batch_size=config.data.eval_batch_size, callbacks=callbacks)
+        metrics = trainer.fit(start_epoch, config.epochs)
+        if ctx.is_chief and "train_loss" not in metrics:
+            print(f"test loss {metrics['test_loss']:.4f} acc {metrics['test_accuracy']:.4f}", flush=True)
+        return metrics
+    finally:
+        for cb in callbacks:
+            cb.close()
+        ctx.close()

@@ -1,0 +1,41 @@
+"""Models for tests, importable by ranks as ``--model tests.models:<function>``."""
+import tensorflow as tf
+
+from hvdtrain import SyncBatchNormalization
+
+
+def mlp(input_shape, num_classes):
+    """No batch norm, no dropout: N ranks x B must equal 1 process x N*B."""
+    return tf.keras.Sequential([
+        tf.keras.Input(input_shape),
+        tf.keras.layers.Flatten(),
+        tf.keras.layers.Dense(32, activation="tanh"),
+        tf.keras.layers.Dense(num_classes),
+    ], name="test_mlp")
+
+
+def cnn_sync_bn(input_shape, num_classes):
+    """A small CNN with synchronized batch norm after each conv/dense layer, no dropout."""
+    inputs = tf.keras.Input(input_shape)
+    x = tf.keras.layers.Conv2D(8, 3, padding="same", use_bias=False)(inputs)
+    x = tf.keras.layers.ReLU()(SyncBatchNormalization()(x))
+    x = tf.keras.layers.MaxPool2D()(x)
+    x = tf.keras.layers.Conv2D(8, 3, padding="same", use_bias=False)(x)
+    x = tf.keras.layers.ReLU()(SyncBatchNormalization()(x))
+    x = tf.keras.layers.Flatten()(x)
+    x = tf.keras.layers.Dense(16, use_bias=False)(x)
+    x = tf.keras.layers.ReLU()(SyncBatchNormalization()(x))
+    return tf.keras.Model(inputs, tf.keras.layers.Dense(num_classes)(x), name="test_cnn_sync_bn")
+
+
+def not_a_model(input_shape, num_classes):
+    return "not a model"
+
+
+def wrong_outputs(input_shape, num_classes):
+    return tf.keras.Sequential([tf.keras.Input(input_shape), tf.keras.layers.Flatten(),
+                                tf.keras.layers.Dense(num_classes + 1)])
+
+
+def raises(input_shape, num_classes):
+    raise RuntimeError("boom from the user's model")

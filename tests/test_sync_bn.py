@@ -1,0 +1,173 @@
+"""SyncBatchNormalization against a float64 oracle: batch norm over the concatenated global batch.
+
+Real ranks (horovodrun --gloo) at np=2 and np=3 (oversubscribed on 2 cores). Each rank runs the
+layer on its slice of the global batch; the oracle runs plain batch norm on the whole batch in one
+process, in float64, and differentiates it with TensorFlow's autodiff.
+"""
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from hvdtrain import SyncBatchNormalization
+from tests.ranks import run_ranks
+from tests.workers.sync_bn_cases import case_data, cases
+
+EPSILON, MOMENTUM = 1e-3, 0.9
+TOL = 1e-5  # max |ours - oracle| <= TOL * max |oracle|, per tensor
+
+
+def oracle(x, w, gamma, beta, axis):
+    """Global-batch batch norm in float64: outputs, gradients, updated moving statistics."""
+    x = tf.constant(x, tf.float64)
+    ndim = x.shape.rank
+    axis = axis % ndim
+    reduce_axes = [a for a in range(ndim) if a != axis]
+    bshape = [x.shape[a] if a == axis else 1 for a in range(ndim)]
+    g = tf.Variable(np.reshape(gamma, bshape).astype(np.float64))
+    b = tf.Variable(np.reshape(beta, bshape).astype(np.float64))
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        mean, var = tf.nn.moments(x, reduce_axes, keepdims=True)
+        y = (x - mean) / tf.sqrt(var + EPSILON) * g + b
+        loss = tf.reduce_sum(y * w)
+    dx, dg, db = tape.gradient(loss, [x, g, b])
+    return {"y": y.numpy(), "dx": dx.numpy(), "dgamma": dg.numpy().ravel(), "dbeta": db.numpy().ravel(),
+            "moving_mean": (1 - MOMENTUM) * mean.numpy().ravel(),
+            "moving_variance": MOMENTUM + (1 - MOMENTUM) * var.numpy().ravel()}
+
+
+def gather(results, name, key):
+    """Per-rank outputs concatenated along the batch (y, dx), summed (dgamma, dbeta), or rank 0's (moving)."""
+    parts = [r[f"{name}/{key}"] for r in results]
+    if key in ("y", "dx", "hvd_y"):
+        return np.concatenate(parts)
+    if key in ("dgamma", "dbeta"):
+        return np.sum(parts, axis=0).ravel()
+    for p in parts[1:]:  # moving statistics: identical on every rank
+        np.testing.assert_array_equal(p, parts[0])
+    return parts[0].ravel()
+
+
+def max_rel_error(ours, reference):
+    return np.max(np.abs(ours - reference)) / max(np.max(np.abs(reference)), 1e-30)
+
+
+@pytest.fixture(scope="module", params=[2, 3], ids=["np2", "np3"])
+def rank_results(request, tmp_path_factory):
+    out = tmp_path_factory.mktemp(f"sync_bn_np{request.param}")
+    run_ranks(request.param, ["-m", "tests.workers.sync_bn_cases", str(out)], timeout=240)
+    return request.param, [dict(np.load(out / f"rank{r}.npz")) for r in range(request.param)]
+
+
+@pytest.mark.parametrize("name", list(cases(2)))
+@pytest.mark.parametrize("key", ["y", "dx", "dgamma", "dbeta", "moving_mean", "moving_variance"])
+def test_matches_global_batch_oracle(rank_results, name, key):
+    world_size, results = rank_results
+    case = cases(world_size)[name]
+    x, w, gamma, beta = case_data(name, case)
+    expected = oracle(x, w, gamma, beta, case["axis"])[key]
+    got = gather(results, name, key)
+    assert got.shape == expected.shape
+    assert max_rel_error(got, expected) <= TOL, f"{name}/{key} at np={world_size}"
+
+
+def test_horovod_layer_deviates_on_uneven_batches(rank_results):
+    """Horovod's hvd.SyncBatchNormalization averages per-rank moments as if batches were equal."""
+    world_size, results = rank_results
+    case = cases(world_size)["uneven"]
+    x, w, gamma, beta = case_data("uneven", case)
+    expected = oracle(x, w, gamma, beta, case["axis"])["y"]
+    assert max_rel_error(gather(results, "uneven", "y"), expected) <= TOL
+    assert max_rel_error(gather(results, "uneven", "hvd_y"), expected) > 1e-2
+
+
+# ---- single process: world size 1, inference, dtypes, configuration -------------------------------
+# Keras' fused kernel (4-D inputs) tracks the unbiased batch variance, its unfused path the biased one.
+@pytest.mark.parametrize("shape, unbiased", [((8, 5, 5, 4), True), ((32, 4), False)], ids=["4d_fused", "2d"])
+def test_world_size_one_equals_keras_batch_norm(shape, unbiased):
+    rng = np.random.default_rng(0)
+    x = tf.constant(rng.normal(2.0, 3.0, shape).astype(np.float32))
+    ours = SyncBatchNormalization(momentum=0.9, unbiased_moving_variance=unbiased)
+    keras = tf.keras.layers.BatchNormalization(momentum=0.9)
+    results = []
+    for layer in (ours, keras):
+        layer.build(x.shape)
+        layer.gamma.assign(np.arange(1, 5, dtype=np.float32))
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            y = layer(x, training=True)
+            loss = tf.reduce_sum(y * tf.sin(x))
+        results.append([y, *tape.gradient(loss, [x, layer.gamma, layer.beta]), layer.moving_mean, layer.moving_variance])
+    for a, b in zip(*results):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-4, atol=1e-4)
+    # Inference uses the moving statistics, like Keras.
+    np.testing.assert_allclose(ours(x, training=False).numpy(), keras(x, training=False).numpy(), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_half_precision_inputs_keep_dtype_and_float32_statistics(dtype):
+    x32 = np.random.default_rng(1).normal(5.0, 2.0, (16, 6)).astype(np.float32)
+    x = tf.cast(tf.constant(x32), dtype)
+    layer = SyncBatchNormalization()
+    y = layer(x, training=True)
+    assert y.dtype == dtype
+    assert layer.moving_mean.dtype == tf.float32
+    reference = SyncBatchNormalization()(tf.cast(x, tf.float32), training=True)
+    np.testing.assert_allclose(tf.cast(y, tf.float32).numpy(), reference.numpy(), atol=0.05)
+
+
+def test_mixed_precision_policy():
+    tf.keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        layer = SyncBatchNormalization()
+        y = layer(tf.ones((4, 3), tf.float16) * tf.constant([1.0, 2.0, 3.0], tf.float16), training=True)
+        assert y.dtype == tf.float16 and layer.gamma.dtype == tf.float32
+    finally:
+        tf.keras.mixed_precision.set_global_policy("float32")
+
+
+def test_get_config_round_trip():
+    layer = SyncBatchNormalization(axis=[1, 3], momentum=0.8, epsilon=1e-4, center=False, scale=True,
+                                   gamma_initializer="he_normal", gamma_regularizer="l2",
+                                   beta_constraint="non_neg", unbiased_moving_variance=True, name="sbn")
+    config = layer.get_config()
+    clone = SyncBatchNormalization.from_config(config)
+    assert clone.get_config() == config
+    restored = tf.keras.layers.deserialize(tf.keras.layers.serialize(layer))
+    assert isinstance(restored, SyncBatchNormalization) and restored.get_config() == config
+
+
+def test_unbiased_moving_variance_and_zero_count():
+    x = tf.constant([[1.0], [3.0]])
+    layer = SyncBatchNormalization(momentum=0.0, unbiased_moving_variance=True)
+    layer(x, training=True)
+    assert layer.moving_variance.numpy()[0] == pytest.approx(2.0)  # var 1, times n/(n-1) = 2
+    layer(tf.zeros((0, 1)), training=True)  # empty global batch: no update, no NaN
+    assert layer.moving_mean.numpy()[0] == pytest.approx(2.0)
+    assert layer.moving_variance.numpy()[0] == pytest.approx(2.0)
+
+
+def test_frozen_layer_runs_in_inference_mode():
+    layer = SyncBatchNormalization()
+    x = tf.constant([[10.0], [20.0]])
+    layer(x, training=True)
+    mean_before = layer.moving_mean.numpy().copy()
+    layer.trainable = False
+    layer(x, training=True)
+    np.testing.assert_array_equal(layer.moving_mean.numpy(), mean_before)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(momentum=1.5), "momentum"), (dict(epsilon=0.0), "epsilon"), (dict(axis="last"), "axis"),
+    (dict(axis=[]), "axis"),
+])
+def test_constructor_validation(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        SyncBatchNormalization(**kwargs)
+
+
+@pytest.mark.parametrize("shape, axis, match", [((5,), -1, "rank >= 2"), ((2, 3), 2, "out of range"),
+                                                ((2, 3), 0, "batch axis"), ((2, 3, 4), [1, -2], "repeats")])
+def test_build_validation(shape, axis, match):
+    with pytest.raises(ValueError, match=match):
+        SyncBatchNormalization(axis=axis).build(shape)

@@ -1,0 +1,82 @@
+"""Rank worker: run SyncBatchNormalization (and Horovod's layer) on each test case; save per-rank results.
+
+Usage: python -m tests.workers.sync_bn_cases OUT_DIR
+Writes OUT_DIR/rank<r>.npz with ``<case>/<key>`` arrays: y, dx, dgamma, dbeta, moving_mean,
+moving_variance (ours) and ``<case>/hvd_y`` (Horovod's layer, uneven case only).
+"""
+import sys
+
+import numpy as np
+
+from hvdtrain.dist import init_distributed
+
+
+def cases(world_size: int) -> dict:
+    """name -> dict(shape=per-example shape, axis, sizes per rank, loc, scale). Same on every rank."""
+    r = world_size
+    uneven = [3, 13, 6, 9][:r]
+    return {
+        "equal_nhwc": dict(shape=(3, 3, 4), axis=-1, sizes=[4] * r, loc=0.5, scale=2.0),
+        "uneven": dict(shape=(2, 2, 3), axis=-1, sizes=uneven, loc=-1.0, scale=0.5),
+        "one_empty": dict(shape=(2, 2, 3), axis=-1, sizes=[0] + [5] * (r - 1), loc=0.0, scale=1.0),
+        "offset_1e4": dict(shape=(6,), axis=-1, sizes=[16] * r, loc=1e4, scale=1.0),
+        "rank2": dict(shape=(7,), axis=-1, sizes=[5] * r, loc=3.0, scale=0.1),
+        "rank3": dict(shape=(4, 5), axis=-1, sizes=[3] * r, loc=0.0, scale=3.0),
+        "channels_first": dict(shape=(4, 3, 3), axis=1, sizes=[2] * r, loc=1.0, scale=1.0),
+    }
+
+
+def case_data(name: str, case: dict):
+    """Global float32 input, upstream-gradient weights, gamma and beta for a case (seeded by its name)."""
+    rng = np.random.default_rng(sum(map(ord, name)))
+    n = sum(case["sizes"])
+    x = (case["loc"] + case["scale"] * rng.standard_normal((n, *case["shape"]))).astype(np.float32)
+    w = rng.standard_normal(x.shape).astype(np.float32)
+    channels = case["shape"][case["axis"]] if case["axis"] != 1 else case["shape"][0]
+    gamma = (1.0 + 0.3 * rng.standard_normal(channels)).astype(np.float32)
+    beta = (0.2 * rng.standard_normal(channels)).astype(np.float32)
+    return x, w, gamma, beta
+
+
+def main(out_dir: str) -> None:
+    ctx = init_distributed(threads=1)
+    import tensorflow as tf
+    import horovod.tensorflow as hvd
+    from hvdtrain import SyncBatchNormalization
+
+    results = {}
+    for name, case in cases(ctx.size).items():
+        x, w, gamma, beta = case_data(name, case)
+        start = sum(case["sizes"][:ctx.rank])
+        sl = slice(start, start + case["sizes"][ctx.rank])
+        x_local, w_local = tf.constant(x[sl]), tf.constant(w[sl])
+        layer = SyncBatchNormalization(axis=case["axis"], momentum=0.9, epsilon=1e-3)
+        layer.build(x_local.shape)
+        layer.gamma.assign(gamma)
+        layer.beta.assign(beta)
+
+        def forward_backward(x_in):
+            with tf.GradientTape() as tape:
+                tape.watch(x_in)
+                y = layer(x_in, training=True)
+                loss = tf.reduce_sum(y * w_local)
+            return (y, *tape.gradient(loss, [x_in, layer.gamma, layer.beta]))
+
+        # Graph mode (as in training) for one case, eager for the others.
+        fn = tf.function(forward_backward) if name == "equal_nhwc" else forward_backward
+        y, dx, dgamma, dbeta = fn(x_local)
+        results.update({f"{name}/y": y.numpy(), f"{name}/dx": dx.numpy(), f"{name}/dgamma": dgamma.numpy(),
+                        f"{name}/dbeta": dbeta.numpy(), f"{name}/moving_mean": layer.moving_mean.numpy(),
+                        f"{name}/moving_variance": layer.moving_variance.numpy()})
+        if name == "uneven":
+            theirs = hvd.SyncBatchNormalization(axis=case["axis"], momentum=0.9, epsilon=1e-3, name="hvd_sync_bn")
+            theirs.build(x_local.shape)
+            theirs.gamma.assign(gamma)
+            theirs.beta.assign(beta)
+            results[f"{name}/hvd_y"] = theirs(x_local, training=True).numpy()
+    np.savez(f"{out_dir}/rank{ctx.rank}.npz", **results)
+    ctx.close()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
