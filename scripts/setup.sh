@@ -42,7 +42,7 @@ PIP=("$PY" -m pip install -q --disable-pip-version-check)
 if ! "$PY" -c 'import tensorflow, mpi4py, tqdm, pytest, matplotlib' 2>/dev/null; then
   log "installing Python requirements (TensorFlow, numpy, mpi4py, ...)"
   "${PIP[@]}" --upgrade pip 'setuptools<70' wheel
-  "${PIP[@]}" -r "$ROOT/requirements.txt"
+  "${PIP[@]}" --only-binary=mpi4py -r "$ROOT/requirements.txt"
 fi
 
 # 3. Horovod, built against the TensorFlow above ---------------------------------------------

@@ -45,6 +45,7 @@ def main():
                          fp16_allreduce=a.fp16_allreduce, backward_passes_per_step=a.backward_passes_per_step)
     optimizer, _ = build_optimizer(config, ctx.size, steps_per_epoch=a.steps, epochs=1)
     optimizer.build(model.trainable_variables)
+    before = [v.numpy() for v in model.variables]
     broadcast_state(ctx, model, optimizer)
     initial = [v.numpy() for v in model.variables]
 
@@ -55,7 +56,8 @@ def main():
         block = order[step * global_batch:(step + 1) * global_batch]
         trainer.train_step(block[offset:offset + sizes[ctx.rank]], np.float32(global_batch))
 
-    arrays = {f"initial/{i}": w for i, w in enumerate(initial)}
+    arrays = {f"before_broadcast/{i}": w for i, w in enumerate(before)}
+    arrays.update({f"initial/{i}": w for i, w in enumerate(initial)})
     arrays.update({f"final/{i}": v.numpy() for i, v in enumerate(model.variables)})
     arrays["iterations"] = np.array(int(optimizer.iterations.numpy()))
     np.savez(a.out.replace(".npz", f".rank{ctx.rank}.npz"), **arrays)
