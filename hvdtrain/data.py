@@ -140,6 +140,8 @@ def load_npz(path: str) -> Dataset:
     """
     if not os.path.isfile(path):
         raise HvdtrainError(f"NPZ file {path} does not exist (--data-dir)")
+    if not zipfile.is_zipfile(path):
+        raise HvdtrainError(f"cannot read NPZ file {path}: not a zip archive (np.savez writes one)")
     arrays = {}
     try:
         with np.load(path, allow_pickle=False) as npz:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import functools
 import importlib
-from typing import Callable, Tuple
+from typing import Callable, Optional, Tuple
 
 import tensorflow as tf
 
@@ -58,25 +58,31 @@ class SeededDropout(tf.keras.layers.Layer):
         return {**super().get_config(), "rate": self.rate, "seed": self.seed, "rank": self.rank}
 
 
-def _norm_layer(sync_bn: bool) -> Callable[..., tf.keras.layers.Layer]:
-    """Batch norm layers with momentum 0.9: moving statistics that settle within ~50 steps, so
-    evaluation is sound from the first epoch (Keras' 0.99 needs ~500)."""
+NormFactory = Callable[[], tf.keras.layers.Layer]
+
+
+def norm_factory(sync_bn: bool = True) -> NormFactory:
+    """Batch norm layers for the built-in models: synchronized or per-rank, momentum 0.9.
+
+    Momentum 0.9 makes the moving statistics settle within ~50 steps, so evaluation is sound from
+    the first epoch (Keras' default 0.99 needs ~500 steps).
+    """
     layer = SyncBatchNormalization if sync_bn else tf.keras.layers.BatchNormalization
     return functools.partial(layer, momentum=0.9)
 
 
-def seed_cnn(input_shape: Tuple[int, int, int], num_classes: int, sync_bn: bool = True,
+def seed_cnn(input_shape: Tuple[int, int, int], num_classes: int, norm: Optional[NormFactory] = None,
              dropout: float = 0.25, seed: int = 0, rank: int = 0) -> tf.keras.Model:
     """The seed CNN: (conv3x3-BN-ReLU-maxpool) x2 (32, 64 filters), dense(128)-BN-ReLU-dropout, dense.
 
     Args:
         input_shape: ``(H, W, C)``.
         num_classes: output logits.
-        sync_bn: synchronized (True) or per-rank (False) batch normalization.
+        norm: makes each batch norm layer; default :func:`norm_factory` ``()`` (synchronized).
         dropout: dropout rate before the classifier.
         seed, rank: seed the dropout masks (see :class:`SeededDropout`).
     """
-    norm = _norm_layer(sync_bn)
+    norm = norm or norm_factory()
     inputs = tf.keras.Input(input_shape)
     x = inputs
     for filters in (32, 64):
@@ -94,7 +100,7 @@ def seed_cnn(input_shape: Tuple[int, int, int], num_classes: int, sync_bn: bool 
     return tf.keras.Model(inputs, outputs, name="seed_cnn")
 
 
-def resnet20(input_shape: Tuple[int, int, int], num_classes: int, sync_bn: bool = True,
+def resnet20(input_shape: Tuple[int, int, int], num_classes: int, norm: Optional[NormFactory] = None,
              **_unused) -> tf.keras.Model:
     """ResNet-20 for small images: 3 stages x 3 basic blocks (16, 32, 64 filters), global pool, dense.
 
@@ -104,9 +110,9 @@ def resnet20(input_shape: Tuple[int, int, int], num_classes: int, sync_bn: bool 
     Args:
         input_shape: ``(H, W, C)``, e.g. ``(32, 32, 3)`` or ``(28, 28, 1)``.
         num_classes: output logits.
-        sync_bn: synchronized (True) or per-rank (False) batch normalization.
+        norm: makes each batch norm layer; default :func:`norm_factory` ``()`` (synchronized).
     """
-    norm = _norm_layer(sync_bn)
+    norm = norm or norm_factory()
 
     def conv(filters, kernel, strides=1):
         return tf.keras.layers.Conv2D(filters, kernel, strides, padding="same", use_bias=False,
@@ -165,9 +171,9 @@ def build_model(spec: str, input_shape: Tuple[int, int, int], num_classes: int, 
             function that does not return a Keras model with ``K`` outputs.
     """
     if spec == "cnn":
-        return seed_cnn(input_shape, num_classes, sync_bn=sync_bn, seed=seed, rank=rank)
+        return seed_cnn(input_shape, num_classes, norm=norm_factory(sync_bn), seed=seed, rank=rank)
     if spec == "resnet20":
-        return resnet20(input_shape, num_classes, sync_bn=sync_bn)
+        return resnet20(input_shape, num_classes, norm=norm_factory(sync_bn))
     if ":" not in spec:
         raise HvdtrainError(f"--model {spec!r}: unknown model; choose one of {BUILTIN_MODELS} or 'package.module:function'")
     fn = _import_model_fn(spec)

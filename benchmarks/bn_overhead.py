@@ -1,0 +1,96 @@
+"""Step time of local BatchNorm vs hvdtrain's SyncBatchNormalization vs Horovod's, side by side.
+
+    horovodrun -np 2 -H localhost:2 --gloo python benchmarks/bn_overhead.py [--models cnn resnet20]
+
+For each model, builds three copies that differ only in their batch norm layer, then times rounds
+of training steps alternating between them (so machine noise hits all three alike), and prints
+median step times and ratios to local BatchNorm on rank 0. Every step is hvdtrain's real compiled
+training step (gather, forward, backward, gradient allreduce, SGD update).
+"""
+import argparse
+import functools
+import json
+import statistics
+import time
+
+import numpy as np
+
+from hvdtrain.dist import init_distributed
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--models", nargs="+", default=["cnn", "resnet20"])
+    p.add_argument("--batch-size", type=int, default=128, help="local batch per rank")
+    p.add_argument("--rounds", type=int, default=7, help="alternating rounds (median over them)")
+    p.add_argument("--steps", type=int, default=10, help="steps per variant per round")
+    p.add_argument("--warmup", type=int, default=5, help="untimed steps per variant first (tracing)")
+    p.add_argument("--json", default=None, help="also write the results to this JSON file")
+    a = p.parse_args()
+
+    ctx = init_distributed()
+    import horovod.tensorflow as hvd
+    import tensorflow as tf
+    from hvdtrain.config import OptimConfig
+    from hvdtrain.data import make_synthetic
+    from hvdtrain.models import norm_factory, resnet20, seed_cnn
+    from hvdtrain.optim import build_optimizer
+    from hvdtrain.sharding import ShardPlan
+    from hvdtrain.train import Trainer, broadcast_state
+
+    counter = iter(range(10**6))
+
+    def horovod_norm():  # Horovod's layer names itself identically unless told otherwise
+        return hvd.SyncBatchNormalization(momentum=0.9, name=f"hvd_sync_bn_{next(counter)}")
+
+    variants = {"local": norm_factory(False), "hvdtrain": norm_factory(True), "horovod": horovod_norm}
+    shapes = {"cnn": (28, 28, 1), "resnet20": (32, 32, 3)}
+    builders = {"cnn": functools.partial(seed_cnn, dropout=0.0), "resnet20": resnet20}
+    results = {}
+    for model_name in a.models:
+        data = make_synthetic(num_train=a.batch_size * ctx.size * 4, num_test=10, image_shape=shapes[model_name])
+        plan = ShardPlan(len(data.y_train), a.batch_size, ctx.size, ctx.rank)
+        trainers = {}
+        for variant, norm in variants.items():
+            tf.keras.utils.set_random_seed(0)
+            model = builders[model_name](data.input_shape, data.num_classes, norm=norm)
+            optimizer, _ = build_optimizer(OptimConfig(warmup_epochs=0), ctx.size, plan.steps_per_epoch, 1)
+            optimizer.build(model.trainable_variables)
+            broadcast_state(ctx, model, optimizer)
+            trainers[variant] = Trainer(ctx, model, optimizer, data, plan)
+        _, indices, global_count = next(plan.epoch(0))
+        count = np.float32(global_count)
+
+        def timed(trainer, steps):
+            start = time.perf_counter()
+            for _ in range(steps):
+                trainer.train_step(indices, count)
+            trainer._sums.numpy()  # wait for the last step
+            return (time.perf_counter() - start) / steps
+
+        for trainer in trainers.values():
+            timed(trainer, a.warmup)
+        samples = {v: [] for v in variants}
+        for _ in range(a.rounds):
+            for variant, trainer in trainers.items():
+                samples[variant].append(timed(trainer, a.steps))
+        medians = {v: statistics.median(s) for v, s in samples.items()}
+        # Mean over ranks of each rank's median (ranks wait for each other, so they agree closely).
+        medians = dict(zip(medians, ctx.allreduce_sum(list(medians.values()), "bench.mean") / ctx.size))
+        results[model_name] = medians
+        if ctx.is_chief:
+            base = medians["local"]
+            print(f"{model_name:>9} np={ctx.size} local batch {a.batch_size}: " + "  ".join(
+                f"{v} {t * 1e3:7.2f} ms ({t / base:5.3f}x)" for v, t in medians.items()), flush=True)
+    if ctx.is_chief:
+        for model_name, m in results.items():
+            print(f"{model_name:>9}: hvdtrain / local = {m['hvdtrain'] / m['local']:.3f}, "
+                  f"hvdtrain / horovod = {m['hvdtrain'] / m['horovod']:.3f}")
+        if a.json:
+            with open(a.json, "w") as f:
+                json.dump({"world_size": ctx.size, "batch_size": a.batch_size, "step_time_s": results}, f, indent=1)
+    ctx.close()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,87 @@
+"""Atomic checkpoints: round trip, keep-last-K, interrupted saves, wrong model, corrupt files."""
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from hvdtrain.checkpoint import CheckpointManager
+from hvdtrain.errors import HvdtrainError
+
+
+def model_and_optimizer(width=4):
+    model = tf.keras.Sequential([tf.keras.Input((3,)), tf.keras.layers.Dense(width), tf.keras.layers.Dense(2)])
+    optimizer = tf.keras.optimizers.SGD(0.1, momentum=0.9)
+    optimizer.build(model.trainable_variables)
+    return model, optimizer
+
+
+def test_round_trip_restores_model_and_optimizer(tmp_path):
+    model, optimizer = model_and_optimizer()
+    optimizer.iterations.assign(17)
+    manager = CheckpointManager(str(tmp_path), model, optimizer)
+    manager.save(17, {"epoch": 3})
+    saved = [v.numpy().copy() for v in model.variables]
+
+    other, other_opt = model_and_optimizer()
+    meta = CheckpointManager(str(tmp_path), other, other_opt).restore(manager.latest())
+    assert meta["epoch"] == 3 and int(other_opt.iterations.numpy()) == 17
+    for a, b in zip(saved, other.variables):
+        np.testing.assert_array_equal(a, b.numpy())
+
+
+def test_keeps_last_k(tmp_path):
+    manager = CheckpointManager(str(tmp_path), *model_and_optimizer(), keep=2)
+    for tag in (1, 2, 3, 4):
+        manager.save(tag, {"epoch": tag})
+    assert [t for t, _ in manager.completed()] == [3, 4]
+
+
+def test_crash_during_save_leaves_previous_checkpoint(tmp_path, monkeypatch):
+    model, optimizer = model_and_optimizer()
+    manager = CheckpointManager(str(tmp_path), model, optimizer)
+    manager.save(1, {"epoch": 1})
+
+    def crash(*args, **kwargs):
+        raise KeyboardInterrupt("killed while writing")
+
+    monkeypatch.setattr(manager._checkpoint, "write", crash)
+    with pytest.raises(KeyboardInterrupt):
+        manager.save(2, {"epoch": 2})
+    assert manager.latest().endswith("ckpt-000001")
+    assert any(name.startswith(".tmp-ckpt-000002") for name in os.listdir(tmp_path))
+    assert CheckpointManager(str(tmp_path), *model_and_optimizer()).restore(manager.latest())["epoch"] == 1
+    # The next run (another process: here, the leftover renamed to another pid) removes the leftover.
+    monkeypatch.undo()
+    leftover = [n for n in os.listdir(tmp_path) if n.startswith(".tmp")][0]
+    os.rename(tmp_path / leftover, tmp_path / ".tmp-ckpt-000002-1")
+    manager.save(3, {"epoch": 3})
+    assert not any(name.startswith(".tmp") for name in os.listdir(tmp_path))
+
+
+def test_checkpoint_of_another_model_is_refused(tmp_path):
+    manager = CheckpointManager(str(tmp_path), *model_and_optimizer(width=4))
+    manager.save(1, {"epoch": 1, "model": "small"})
+    with pytest.raises(HvdtrainError, match="written by another model"):
+        CheckpointManager(str(tmp_path), *model_and_optimizer(width=5)).restore(manager.latest())
+
+
+def test_corrupt_checkpoint_is_refused(tmp_path):
+    manager = CheckpointManager(str(tmp_path), *model_and_optimizer())
+    path = manager.save(1, {"epoch": 1})
+    data = [f for f in os.listdir(path) if f.startswith("state.data")][0]
+    with open(os.path.join(path, data), "r+b") as f:
+        f.truncate(10)
+    with pytest.raises(HvdtrainError, match="corrupt or incompatible"):
+        CheckpointManager(str(tmp_path), *model_and_optimizer()).restore(path)
+    with open(os.path.join(path, "meta.json"), "w") as f:
+        f.write("{not json")
+    with pytest.raises(HvdtrainError, match="unreadable"):
+        CheckpointManager(str(tmp_path), *model_and_optimizer()).restore(path)
+
+
+def test_unwritable_directory(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    with pytest.raises(HvdtrainError, match="not writable"):
+        CheckpointManager(str(blocker / "sub"), *model_and_optimizer())

@@ -1,0 +1,105 @@
+"""The command line with real ranks: help, argument errors, the real job end to end, resume."""
+import json
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tests.ranks import rank_env, run_ranks
+
+FAST = ["--dataset", "synthetic", "--model", "tests.models:mlp", "--batch-size", "64", "--no-progress",
+        "--threads", "1"]
+
+
+def hvdtrain(np_, args, launcher="gloo", timeout=300, check=True):
+    return run_ranks(np_, ["-m", "hvdtrain", *args], launcher=launcher, timeout=timeout, check=check)
+
+
+def checkpoint_weights(checkpoint_dir):
+    """{key: array} of the model variables in the newest checkpoint of a run."""
+    latest = sorted(p for p in checkpoint_dir.iterdir() if p.name.startswith("ckpt-"))[-1]
+    reader = tf.train.load_checkpoint(str(latest / "state"))
+    return {k: reader.get_tensor(k) for k in reader.get_variable_to_shape_map() if k.startswith("model/")}
+
+
+def metrics(run_dir):
+    with open(run_dir / "metrics.jsonl") as f:
+        return [json.loads(line) for line in f]
+
+
+def test_help_documents_every_flag():
+    out = subprocess.run([sys.executable, "-m", "hvdtrain", "--help"], capture_output=True, text=True,
+                         env=rank_env(), check=True).stdout
+    for flag in ["--epochs", "--batch-size", "--lr", "--warmup-epochs", "--dataset", "--data-dir", "--model",
+                 "--checkpoint-dir", "--resume", "--seed", "--log-dir", "--threads", "--no-sync-bn",
+                 "--fp16-allreduce", "--backward-passes-per-step"]:
+        assert flag in out
+    assert "(default: 128)" in out and "per rank" in out
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--batch-size", "0"], "--batch-size must be an integer >= 1, got 0"),
+    (["--epochs", "-1"], "--epochs must be an integer >= 0, got -1"),
+    (["--lr", "0"], "--lr must be > 0, got 0.0"),
+    (["--batch-size", "ten"], "argument --batch-size: invalid int value: 'ten'"),
+])
+def test_bad_flag_fails_every_rank_with_one_message(args, message):
+    result = hvdtrain(2, args, timeout=120, check=False)
+    assert result.returncode != 0
+    output = result.stdout + result.stderr
+    assert output.count(message) == 1, output[-3000:]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--data-dir", "/nonexistent/fashion"], "data directory /nonexistent/fashion does not exist"),
+    (["--dataset", "synthetic", "--model", "no_such_module:fn"], "cannot import module 'no_such_module'"),
+    (["--dataset", "synthetic", "--model", "tests.models:not_a_model"], "returned str, not a tf.keras.Model"),
+])
+def test_bad_input_after_start_up_fails_every_rank_with_one_message(args, message):
+    result = hvdtrain(2, [*args, "--threads", "1"], timeout=180, check=False)
+    assert result.returncode != 0
+    output = result.stdout + result.stderr
+    assert output.count(message) == 1, output[-3000:]
+    assert not re.search(r"\[\d+\]<stderr>:Traceback", output), "a rank printed a traceback"
+
+
+def test_resume_continues_exactly(tmp_path):
+    """Stopped after epoch 1 and resumed == uninterrupted (constant learning rate), same metrics layout."""
+    common = [*FAST, "--lr-schedule", "constant", "--warmup-epochs", "0.5"]
+    whole, split = tmp_path / "whole", tmp_path / "split"
+    hvdtrain(2, [*common, "--epochs", "2", "--log-dir", str(whole)])
+    hvdtrain(2, [*common, "--epochs", "1", "--log-dir", str(split)])
+    refused = hvdtrain(2, [*common, "--epochs", "2", "--log-dir", str(split)], check=False)
+    assert refused.returncode != 0 and "pass --resume" in refused.stderr
+    resumed = hvdtrain(2, [*common, "--epochs", "2", "--log-dir", str(split), "--resume"])
+    assert "epochs 2..2" in resumed.stdout
+
+    assert [m["epoch"] for m in metrics(split)] == [1, 2]
+    assert [sorted(m) for m in metrics(split)] == [sorted(m) for m in metrics(whole)]
+    a, b = checkpoint_weights(whole / "checkpoints"), checkpoint_weights(split / "checkpoints")
+    assert a.keys() == b.keys() and a
+    for k in a:
+        np.testing.assert_allclose(b[k], a[k], rtol=1e-6, atol=1e-7, err_msg=k)
+    assert metrics(split)[-1]["test_accuracy"] == pytest.approx(metrics(whole)[-1]["test_accuracy"], abs=1e-3)
+
+
+@pytest.fixture(scope="module")
+def real_data_gloo(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("gloo")
+    hvdtrain(2, ["--epochs", "1", "--no-progress", "--log-dir", str(run_dir)], timeout=600)
+    return metrics(run_dir)[-1]
+
+
+def test_default_job_one_epoch_on_fashion_mnist(real_data_gloo):
+    assert real_data_gloo["world_size"] == 2
+    assert real_data_gloo["test_accuracy"] >= 0.85
+
+
+def test_mpirun_gives_matching_result(tmp_path, real_data_gloo):
+    hvdtrain(2, ["--epochs", "1", "--no-progress", "--log-dir", str(tmp_path)], launcher="mpirun", timeout=600)
+    mpi = metrics(tmp_path)[-1]
+    assert mpi["test_accuracy"] == pytest.approx(real_data_gloo["test_accuracy"], abs=0.005)
+    assert mpi["train_loss"] == pytest.approx(real_data_gloo["train_loss"], rel=0.01)

@@ -1,0 +1,121 @@
+"""Loaders: real Fashion-MNIST IDX files, gzip and raw IDX, NPZ files, synthetic data, and clear errors."""
+import gzip
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+from hvdtrain.data import DEFAULT_DATA_DIR, load_dataset, load_idx_dir, load_npz, make_synthetic, read_idx
+from hvdtrain.errors import HvdtrainError
+
+
+def write_idx(path, array, gz=False):
+    header = bytes([0, 0, 0x08, array.ndim]) + b"".join(int(d).to_bytes(4, "big") for d in array.shape)
+    data = header + array.astype(np.uint8).tobytes()
+    with (gzip.open if gz else open)(path, "wb") as f:
+        f.write(data)
+
+
+def make_idx_dir(root, n_train=20, n_test=10, gz=False, labels=None):
+    rng = np.random.default_rng(0)
+    suffix = ".gz" if gz else ""
+    write_idx(root / f"train-images-idx3-ubyte{suffix}", rng.integers(0, 256, (n_train, 5, 4)), gz)
+    write_idx(root / f"train-labels-idx1-ubyte{suffix}", labels if labels is not None else np.arange(n_train) % 3, gz)
+    write_idx(root / f"t10k-images-idx3-ubyte{suffix}", rng.integers(0, 256, (n_test, 5, 4)), gz)
+    write_idx(root / f"t10k-labels-idx1-ubyte{suffix}", np.arange(n_test) % 3, gz)
+    return root
+
+
+@pytest.mark.skipif(not os.path.isdir(DEFAULT_DATA_DIR), reason="Debian's dataset-fashion-mnist is not installed")
+def test_real_fashion_mnist():
+    d = load_dataset("idx", DEFAULT_DATA_DIR)
+    assert d.x_train.shape == (60000, 28, 28, 1) and d.x_test.shape == (10000, 28, 28, 1)
+    assert d.x_train.dtype == np.uint8 and d.num_classes == 10
+    assert np.bincount(d.y_train).tolist() == [6000] * 10
+
+
+@pytest.mark.parametrize("gz", [False, True])
+def test_idx_raw_and_gzip(tmp_path, gz):
+    d = load_idx_dir(make_idx_dir(tmp_path, gz=gz))
+    assert d.x_train.shape == (20, 5, 4, 1) and d.y_train.dtype == np.int32 and d.num_classes == 3
+
+
+def corrupt(path, how):
+    raw = open(path, "rb").read()
+    if how == "magic":
+        raw = b"\x12\x34" + raw[2:]
+    elif how == "truncated":
+        raw = raw[:-7]
+    elif how == "dims":
+        raw = raw[:3] + bytes([2]) + raw[4:]
+    open(path, "wb").write(raw)
+
+
+@pytest.mark.parametrize("how, message", [("magic", "bad magic number"), ("truncated", "truncated"),
+                                          ("dims", "images must have 3 dimensions")])
+def test_corrupt_idx(tmp_path, how, message):
+    make_idx_dir(tmp_path)
+    if how == "dims":  # a 2-D file where a 3-D one belongs, with a consistent size
+        arr = np.zeros((20, 20), np.uint8)
+        write_idx(tmp_path / "train-images-idx3-ubyte", arr)
+    else:
+        corrupt(tmp_path / "train-images-idx3-ubyte", how)
+    with pytest.raises(HvdtrainError, match=message):
+        load_idx_dir(tmp_path)
+
+
+def test_idx_count_mismatch_and_missing(tmp_path):
+    make_idx_dir(tmp_path, labels=np.arange(19) % 3)
+    with pytest.raises(HvdtrainError, match="20 images but 19 labels"):
+        load_idx_dir(tmp_path)
+    os.remove(tmp_path / "t10k-labels-idx1-ubyte")
+    with pytest.raises(HvdtrainError, match="missing t10k-labels-idx1-ubyte"):
+        load_idx_dir(tmp_path)
+    with pytest.raises(HvdtrainError, match="does not exist"):
+        load_idx_dir(tmp_path / "nope")
+
+
+def save_npz(path, **overrides):
+    rng = np.random.default_rng(1)
+    arrays = dict(x_train=rng.integers(0, 256, (12, 6, 6), dtype=np.uint8), y_train=np.arange(12) % 4,
+                  x_test=rng.integers(0, 256, (5, 6, 6), dtype=np.uint8), y_test=np.arange(5) % 4)
+    arrays.update(overrides)
+    np.savez(path, **{k: v for k, v in arrays.items() if v is not None})
+    return str(path)
+
+
+def test_npz_keras_layout(tmp_path):
+    d = load_npz(save_npz(tmp_path / "d.npz"))
+    assert d.x_train.shape == (12, 6, 6, 1) and d.num_classes == 4
+    d = load_npz(save_npz(tmp_path / "f.npz", x_train=np.ones((12, 6, 6, 3), np.float64),
+                          x_test=np.ones((5, 6, 6, 3), np.float64), y_train=(np.arange(12) % 4)[:, None]))
+    assert d.x_train.dtype == np.float32 and d.input_shape == (6, 6, 3) and d.y_train.shape == (12,)
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (dict(y_test=None), r"missing key\(s\) \['y_test'\]"),
+    (dict(x_train=np.array([object()] * 12, dtype=object)), "cannot load without unpickling"),
+    (dict(y_train=np.arange(12, dtype=np.float32)), "y_train must be integer labels"),
+    (dict(x_train=np.zeros((12, 6), np.uint8)), r"x_train must have shape \(n, H, W\[, C\]\)"),
+    (dict(y_train=np.arange(11)), "12 images but 11 labels"),
+    (dict(y_train=np.arange(12) - 1), r"labels must be in \[0, 11\), found range \[-1, 10\]"),
+    (dict(x_train=np.zeros((0, 6, 6), np.uint8), y_train=np.zeros(0, np.int64)), "empty dataset"),
+    (dict(x_train=np.full((12, 6, 6), np.nan)), "NaN or Inf"),
+])
+def test_npz_errors(tmp_path, overrides, message):
+    with pytest.raises(HvdtrainError, match=message):
+        load_npz(save_npz(tmp_path / "bad.npz", **overrides))
+
+
+def test_npz_not_a_zip(tmp_path):
+    path = tmp_path / "junk.npz"
+    path.write_bytes(b"not a zip file")
+    with pytest.raises(HvdtrainError, match="cannot read NPZ file"):
+        load_npz(str(path))
+
+
+def test_synthetic_is_learnable_and_deterministic():
+    a, b = make_synthetic(seed=3), make_synthetic(seed=3)
+    assert np.array_equal(a.x_train, b.x_train) and np.array_equal(a.y_train, b.y_train)
+    assert len(np.unique(a.y_train)) == 10

@@ -1,0 +1,50 @@
+"""ShardPlan: disjoint, complete shards; equal steps on every rank; the same global batches at any world size."""
+import numpy as np
+import pytest
+
+from hvdtrain.sharding import ShardPlan, eval_shard
+
+CASES = [(60000, 2, 128), (1000, 3, 7), (5, 4, 2), (10, 3, 4), (257, 2, 64), (1, 1, 1), (7, 8, 1)]
+
+
+@pytest.mark.parametrize("n, world_size, batch", CASES)
+def test_shards_are_disjoint_complete_with_equal_steps(n, world_size, batch):
+    plans = [ShardPlan(n, batch, world_size, r, seed=4) for r in range(world_size)]
+    for epoch in (0, 1):
+        per_rank = [list(p.epoch(epoch)) for p in plans]
+        steps = {len(s) for s in per_rank}
+        assert steps == {-(-n // (world_size * batch))}, "every rank runs ceil(n / global batch) steps"
+        shards = [np.concatenate([idx for _, idx, _ in s]) for s in per_rank]
+        everything = np.concatenate(shards)
+        assert len(everything) == n and set(everything.tolist()) == set(range(n)), "disjoint and complete"
+        for s in per_rank:
+            assert all(len(idx) <= batch for _, idx, _ in s)
+            assert all(g == sum(len(other[i][1]) for other in per_rank) for i, (_, _, g) in enumerate(s))
+
+
+def test_epochs_reshuffle_and_seed_fixes_the_order():
+    a, b = ShardPlan(100, 10, 2, 0, seed=1), ShardPlan(100, 10, 2, 0, seed=1)
+    assert np.array_equal(a.permutation(0), b.permutation(0))
+    assert not np.array_equal(a.permutation(0), a.permutation(1))
+    assert not np.array_equal(a.permutation(0), ShardPlan(100, 10, 2, 0, seed=2).permutation(0))
+
+
+def test_global_batches_do_not_depend_on_world_size():
+    """Step s over all ranks holds the examples one process with the global batch takes at step s."""
+    single = list(ShardPlan(103, 20, 1, 0, seed=9).epoch(3))
+    ranks = [list(ShardPlan(103, 10, 2, r, seed=9).epoch(3)) for r in range(2)]
+    for step, idx, global_count in single:
+        together = np.concatenate([ranks[0][step][1], ranks[1][step][1]])
+        assert np.array_equal(together, idx) and global_count == len(idx)
+
+
+def test_eval_shards_cover_each_example_once():
+    for n, world_size in [(10000, 2), (1001, 3), (2, 4)]:
+        covered = np.concatenate([np.arange(n)[eval_shard(n, world_size, r)] for r in range(world_size)])
+        assert np.array_equal(covered, np.arange(n))
+
+
+@pytest.mark.parametrize("args", [(0, 1, 1, 0), (10, 0, 1, 0), (10, 1, 0, 0), (10, 1, 2, 2)])
+def test_rejects_bad_sizes(args):
+    with pytest.raises(ValueError):
+        ShardPlan(*args)
