@@ -5,6 +5,8 @@ from typing import Sequence, Union
 
 import tensorflow as tf
 
+from hvdtrain import sync_bn_kernels as kernels
+
 _HALF_DTYPES = (tf.float16, tf.bfloat16)
 
 
@@ -199,12 +201,26 @@ class SyncBatchNormalization(tf.keras.layers.Layer):
         super().build(input_shape)
 
     # ---- computation --------------------------------------------------------------------------
-    def _params(self):
-        """gamma, beta as float32 tensors of shape ``broadcast_shape`` (ones/zeros when disabled)."""
-        shape = self._broadcast_shape
-        gamma = tf.ones(shape, tf.float32) if self.gamma is None else tf.reshape(tf.cast(self.gamma, tf.float32), shape)
-        beta = tf.zeros(shape, tf.float32) if self.beta is None else tf.reshape(tf.cast(self.beta, tf.float32), shape)
+    # Per-channel quantities are flat [C] vectors; the element-wise work is done either by the
+    # single-pass CPU kernels (hvdtrain/csrc, channels-last inputs on CPU-only processes) or by
+    # TensorFlow ops (any layout, any device). Both compute the same formulas.
+    def _flat_params(self):
+        """gamma, beta as float32 ``[C]`` (ones/zeros when disabled)."""
+        c = self._channels
+        gamma = tf.ones([c], tf.float32) if self.gamma is None else tf.reshape(tf.cast(self.gamma, tf.float32), [c])
+        beta = tf.zeros([c], tf.float32) if self.beta is None else tf.reshape(tf.cast(self.beta, tf.float32), [c])
         return gamma, beta
+
+    def _per_element(self, v):
+        """Reshape a ``[C]`` vector to broadcast against the input (TensorFlow path)."""
+        return tf.reshape(v, self._broadcast_shape)
+
+    def _channel_sums(self, t):
+        """Per-channel sums of ``t`` as a flat ``[C]`` vector (TensorFlow path)."""
+        return tf.reshape(tf.reduce_sum(t, self._reduction_axes), [self._channels])
+
+    def _use_kernels(self) -> bool:
+        return self._axes == [len(self._broadcast_shape) - 1] and kernels.available()
 
     def call(self, inputs, training=None):
         if training is None or not self.trainable:
@@ -213,50 +229,61 @@ class SyncBatchNormalization(tf.keras.layers.Layer):
             training, lambda: self._training_call(inputs), lambda: self._inference_call(inputs))
 
     def _inference_call(self, inputs):
-        shape = self._broadcast_shape
-        gamma, beta = self._params()
-        mean = tf.reshape(tf.cast(self.moving_mean, tf.float32), shape)
-        inv_std = tf.math.rsqrt(tf.reshape(tf.cast(self.moving_variance, tf.float32), shape) + self.epsilon)
+        gamma, beta = self._flat_params()
+        mean = tf.reshape(tf.cast(self.moving_mean, tf.float32), [self._channels])
+        variance = tf.reshape(tf.cast(self.moving_variance, tf.float32), [self._channels])
+        scale = gamma * tf.math.rsqrt(variance + self.epsilon)
         x = tf.cast(inputs, tf.float32)
-        return tf.cast((x - mean) * (gamma * inv_std) + beta, inputs.dtype)
+        if self._use_kernels():
+            y = kernels.normalize(x, mean, scale, beta)
+        else:
+            y = (x - self._per_element(mean)) * self._per_element(scale) + self._per_element(beta)
+        return tf.cast(y, inputs.dtype)
+
+    def _local_shifted_sums(self, x, shift):
+        """This rank's per-channel ``Σ(x - shift)`` and ``Σ(x - shift)²``, float64 ``[C]`` each.
+
+        Kernel path: one pass, float64 accumulation. TensorFlow path: two passes in float32 -- a
+        first mean ``m``, then sums of ``d = x - m`` and ``d²`` (the sum of ``d`` corrects the first
+        mean's rounding; the squares carry no offset) -- re-expressed around ``shift`` in float64.
+        """
+        if self._use_kernels():
+            return kernels.moments(x, shift)
+        count = tf.cast(tf.size(x, out_type=tf.int64) // self._channels, tf.float32)
+        first_mean = self._channel_sums(x) / tf.maximum(count, 1.0)
+        dev = x - self._per_element(first_mean)
+        dev_sum = tf.cast(self._channel_sums(dev), tf.float64)
+        dev_sq_sum = tf.cast(self._channel_sums(tf.square(dev)), tf.float64)
+        offset = tf.cast(first_mean, tf.float64) - shift
+        n = tf.cast(count, tf.float64)
+        return dev_sum + n * offset, dev_sq_sum + 2.0 * offset * dev_sum + n * tf.square(offset)
 
     def _global_moments(self, x, shift):
-        """Global count, mean and biased variance of ``x`` (float32) over all ranks' batches.
+        """Global count, mean and biased variance over all ranks' batches: one float64 allreduce.
 
         Args:
             x: float32 local input.
-            shift: float64 tensor of shape ``broadcast_shape``, identical on every rank.
+            shift: float64 ``[C]``, identical on every rank.
 
         Returns:
-            ``(count, mean, variance)``: a float64 scalar and two float64 tensors of
-            ``broadcast_shape``; mean and variance are 0 when the global count is 0.
+            ``(count, mean, variance)``: a float64 scalar and two float64 ``[C]`` vectors; mean and
+            variance are 0 when the global count is 0.
         """
-        axes, shape = self._reduction_axes, self._broadcast_shape
         local_count = tf.cast(tf.size(x, out_type=tf.int64) // self._channels, tf.float64)
-        # Two passes over the local batch: a first mean, then sums of deviations from it. The sum
-        # of deviations corrects the first mean's rounding, the squares carry no offset.
-        first_mean = tf.reduce_sum(x, axes, keepdims=True) / tf.cast(tf.maximum(local_count, 1.0), tf.float32)
-        dev = x - first_mean
-        dev_sum = tf.cast(tf.reduce_sum(dev, axes, keepdims=True), tf.float64)
-        dev_sq_sum = tf.cast(tf.reduce_sum(tf.square(dev), axes, keepdims=True), tf.float64)
-        # The same sums around the common shift K: Σ(x-K) and Σ(x-K)², exactly, in float64.
-        offset = tf.cast(first_mean, tf.float64) - shift
-        shifted_sum = dev_sum + local_count * offset
-        shifted_sq_sum = dev_sq_sum + 2.0 * offset * dev_sum + local_count * tf.square(offset)
-        packed = tf.concat([[local_count], tf.reshape(shifted_sum, [-1]), tf.reshape(shifted_sq_sum, [-1])], 0)
+        shifted_sum, shifted_sq_sum = self._local_shifted_sums(x, shift)
+        packed = tf.concat([[local_count], shifted_sum, shifted_sq_sum], 0)
         if _world_size() > 1:
             packed = _allreduce_sum(packed)  # the layer's one forward collective
         count = packed[0]
         shifted_sum, shifted_sq_sum = tf.split(packed[1:], 2)
-        mean_offset = tf.math.divide_no_nan(tf.reshape(shifted_sum, shape), count)
-        variance = tf.maximum(tf.math.divide_no_nan(tf.reshape(shifted_sq_sum, shape), count)
-                              - tf.square(mean_offset), 0.0)
+        mean_offset = tf.math.divide_no_nan(shifted_sum, count)
+        variance = tf.maximum(tf.math.divide_no_nan(shifted_sq_sum, count) - tf.square(mean_offset), 0.0)
         return count, shift + mean_offset, variance
 
     def _training_call(self, inputs):
-        shape, axes = self._broadcast_shape, self._reduction_axes
         x = tf.cast(inputs, tf.float32)
-        shift = tf.stop_gradient(tf.reshape(tf.cast(self.moving_mean, tf.float64), shape))
+        use_kernels = self._use_kernels()
+        shift = tf.stop_gradient(tf.reshape(tf.cast(self.moving_mean, tf.float64), [self._channels]))
         count, mean, variance = self._global_moments(x, shift)
         self._update_moving_statistics(count, mean, variance)
 
@@ -266,36 +293,45 @@ class SyncBatchNormalization(tf.keras.layers.Layer):
         mean_lo = tf.cast(mean - tf.cast(mean_hi, tf.float64), tf.float32)
         inv_std64 = tf.math.rsqrt(variance + self.epsilon)
         inv_std = tf.cast(inv_std64, tf.float32)
-        n_inv = tf.cast(tf.math.divide_no_nan(tf.constant(1.0, tf.float64), count), tf.float32)
-        gamma, beta = self._params()
+        n_inv = tf.math.divide_no_nan(tf.constant(1.0, tf.float64), count)
+        gamma, beta = self._flat_params()
+        per_element = self._per_element
 
         @tf.custom_gradient
         def normalize(x, gamma, beta):
             scale = gamma * inv_std
-            centered = x - mean_hi
-            y = centered * scale + (beta - mean_lo * scale)
+            offset = beta - mean_lo * scale
+            if use_kernels:
+                y = kernels.normalize(x, mean_hi, scale, offset)
+            else:
+                y = (x - per_element(mean_hi)) * per_element(scale) + per_element(offset)
 
             def grad(dy):
                 dy = tf.cast(dy, tf.float32)
-                # Local per-channel Σdy and Σdy·x̂, with x̂ = (centered - lo)·inv_std.
-                sum_dy = tf.reduce_sum(dy, axes, keepdims=True)
-                sum_dy_xhat = (tf.reduce_sum(dy * centered, axes, keepdims=True) - mean_lo * sum_dy) * inv_std
-                local = tf.concat([tf.reshape(sum_dy, [-1]), tf.reshape(sum_dy_xhat, [-1])], 0)
-                if _world_size() > 1:
-                    total = _allreduce_sum(local)  # the layer's one backward collective
+                # Local Σdy and Σdy·(x - hi), then Σdy·x̂ = (Σdy·(x - hi) - lo·Σdy)·inv_std.
+                if use_kernels:
+                    sum_dy, sum_dy_centered = kernels.grad_sums(dy, x, mean_hi)
                 else:
-                    total = local
-                total_dy, total_dy_xhat = (tf.reshape(t, shape) for t in tf.split(total, 2))
-                # dx = scale·(dy - Σdy/N - x̂·Σdy·x̂/N), folded into a·dy + b·centered + c.
-                b = -scale * inv_std * total_dy_xhat * n_inv
-                c = -scale * total_dy * n_inv - b * mean_lo
-                dx = scale * dy + b * centered + c
-                return dx, sum_dy_xhat, sum_dy
+                    sum_dy = tf.cast(self._channel_sums(dy), tf.float64)
+                    sum_dy_centered = tf.cast(self._channel_sums(dy * (x - per_element(mean_hi))), tf.float64)
+                sum_dy_xhat = (sum_dy_centered - tf.cast(mean_lo, tf.float64) * sum_dy) * inv_std64
+                local = tf.concat([sum_dy, sum_dy_xhat], 0)
+                total = _allreduce_sum(local) if _world_size() > 1 else local  # the one backward collective
+                total_dy, total_dy_xhat = tf.split(total, 2)
+                # dx = scale·(dy - Σdy/N - x̂·Σdy·x̂/N), folded into a·dy + b·(x - hi) + c.
+                scale64 = tf.cast(scale, tf.float64)
+                b64 = -scale64 * inv_std64 * total_dy_xhat * n_inv
+                c64 = -scale64 * total_dy * n_inv - b64 * tf.cast(mean_lo, tf.float64)
+                b, c = tf.cast(b64, tf.float32), tf.cast(c64, tf.float32)
+                if use_kernels:
+                    dx = kernels.grad_input(dy, x, mean_hi, scale, b, c)
+                else:
+                    dx = per_element(scale) * dy + per_element(b) * (x - per_element(mean_hi)) + per_element(c)
+                return dx, tf.cast(sum_dy_xhat, tf.float32), tf.cast(sum_dy, tf.float32)
 
             return y, grad
 
-        y = normalize(x, gamma, beta)
-        return tf.cast(y, inputs.dtype)
+        return tf.cast(normalize(x, gamma, beta), inputs.dtype)
 
     def _update_moving_statistics(self, count, mean, variance):
         """Moving averages from the global batch statistics; unchanged when the global count is 0."""

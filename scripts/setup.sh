@@ -5,7 +5,9 @@
 #   2. A virtual environment (.venv, or $HVDTRAIN_VENV) with pinned TensorFlow, numpy, mpi4py.
 #   3. Horovod built from source against exactly that TensorFlow, with Gloo and MPI.
 #   4. hvdtrain itself, installed editable.
+#   5. hvdtrain's CPU kernels for synchronized BatchNorm, compiled against that TensorFlow.
 set -euo pipefail
+export TF_CPP_MIN_LOG_LEVEL=2  # quiet TensorFlow start-up banners in the checks below
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${HVDTRAIN_VENV:-$ROOT/.venv}"
@@ -66,4 +68,8 @@ if ! "$PY" -c 'import hvdtrain' 2>/dev/null; then
   log "installing hvdtrain (editable)"
   "${PIP[@]}" --no-build-isolation --no-deps -e "$ROOT"
 fi
+# 5. hvdtrain's single-pass CPU kernels for SyncBatchNormalization, compiled against this TensorFlow.
+"$PY" -m hvdtrain.sync_bn_kernels 2>&1 | grep -v -e '^WARNING' -e 'oneDNN' -e 'cpu_feature' -e 'AVX' || true
+"$PY" -c 'from hvdtrain import sync_bn_kernels as k; assert k._library() is not None, "kernels failed to build"'
+
 log "ready: $VENV (TensorFlow $TF_VERSION, horovod $("$PY" -c 'import horovod; print(horovod.__version__)'))"

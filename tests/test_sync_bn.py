@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from hvdtrain import SyncBatchNormalization
+from hvdtrain import SyncBatchNormalization, sync_bn_kernels
 from tests.ranks import run_ranks
 from tests.workers.sync_bn_cases import case_data, cases
 
@@ -52,11 +52,16 @@ def max_rel_error(ours, reference):
     return np.max(np.abs(ours - reference)) / max(np.max(np.abs(reference)), 1e-30)
 
 
-@pytest.fixture(scope="module", params=[2, 3], ids=["np2", "np3"])
+# (world size, CPU kernels on?): the kernels and the TensorFlow-ops path must both be exact.
+@pytest.fixture(scope="module", params=[(2, True), (3, True), (2, False)], ids=["np2", "np3", "np2-tf-ops"])
 def rank_results(request, tmp_path_factory):
-    out = tmp_path_factory.mktemp(f"sync_bn_np{request.param}")
-    run_ranks(request.param, ["-m", "tests.workers.sync_bn_cases", str(out)], timeout=240)
-    return request.param, [dict(np.load(out / f"rank{r}.npz")) for r in range(request.param)]
+    world_size, use_kernels = request.param
+    if use_kernels and not sync_bn_kernels.available():
+        pytest.fail("SyncBatchNormalization CPU kernels are not built (python -m hvdtrain.sync_bn_kernels)")
+    out = tmp_path_factory.mktemp(f"sync_bn_np{world_size}")
+    run_ranks(world_size, ["-m", "tests.workers.sync_bn_cases", str(out)], timeout=240,
+              env={"HVDTRAIN_SYNC_BN_KERNELS": "1" if use_kernels else "0"})
+    return world_size, [dict(np.load(out / f"rank{r}.npz")) for r in range(world_size)]
 
 
 @pytest.mark.parametrize("name", list(cases(2)))
@@ -171,3 +176,27 @@ def test_constructor_validation(kwargs, match):
 def test_build_validation(shape, axis, match):
     with pytest.raises(ValueError, match=match):
         SyncBatchNormalization(axis=axis).build(shape)
+
+
+@pytest.mark.parametrize("shape", [(64, 5, 5, 8), (300, 3), (0, 4)], ids=["4d", "2d", "empty"])
+def test_cpu_kernels_equal_tensorflow_ops(shape, monkeypatch):
+    """The single-pass kernels and the TensorFlow-ops path give the same outputs and gradients."""
+    if not sync_bn_kernels.available():
+        pytest.fail("SyncBatchNormalization CPU kernels are not built (python -m hvdtrain.sync_bn_kernels)")
+    rng = np.random.default_rng(7)
+    x = tf.constant(rng.normal(3.0, 2.0, shape).astype(np.float32))
+    w = tf.constant(rng.normal(size=shape).astype(np.float32))
+    results = []
+    for use_kernels in (True, False):
+        monkeypatch.setattr(sync_bn_kernels, "available", lambda use=use_kernels: use)
+        layer = SyncBatchNormalization(momentum=0.5)
+        layer.build(x.shape)
+        layer.gamma.assign(np.linspace(0.5, 2.0, shape[-1]).astype(np.float32))
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            y = layer(x, training=True)
+            loss = tf.reduce_sum(y * w)
+        results.append([y, *tape.gradient(loss, [x, layer.gamma, layer.beta]), layer.moving_variance,
+                        layer(x, training=False)])
+    for a, b in zip(*results):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=2e-5, atol=2e-5)

@@ -76,3 +76,22 @@ def test_global_metrics_equal_single_process(tmp_path, np_, num_test):
         assert int(r["count"]) == num_test
         assert float(r["accuracy"]) == pytest.approx(accuracy, abs=1e-12)
         assert float(r["loss"]) == pytest.approx(loss, rel=1e-6)
+
+
+def test_gradient_accumulation_equals_larger_batch(tmp_path):
+    """--backward-passes-per-step 2 on local batches of 8 == one pass on local batches of 16."""
+    accumulated = train_steps(tmp_path, "acc", 2, "tests.models:mlp", "8,8", 20, "--backward-passes-per-step", "2")
+    plain = train_steps(tmp_path, "plain", 2, "tests.models:mlp", "16,16", 10)
+    assert_same_weights(weights(accumulated), weights(plain))
+
+
+def test_fp16_allreduce_equals_fp32_to_half_precision(tmp_path):
+    """One step with gradients compressed to float16 for the allreduce: the update differs from the
+    float32 one by float16 rounding only (relative 2^-11 per element, so 1e-3 in norm)."""
+    fp16 = weights(train_steps(tmp_path, "fp16", 2, "tests.models:mlp", "16,16", 1, "--fp16-allreduce"))
+    fp32 = weights(train_steps(tmp_path, "fp32", 2, "tests.models:mlp", "16,16", 1))
+    for k in (k for k in fp32 if k.startswith("final/")):
+        initial = fp32["initial/" + k[len("final/"):]]
+        update16, update32 = fp16[k] - initial, fp32[k] - initial
+        assert np.linalg.norm(update16 - update32) <= 1e-3 * np.linalg.norm(update32), k
+        assert not np.array_equal(update16, update32) or not update32.any(), "compression had no effect"
