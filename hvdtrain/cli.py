@@ -77,6 +77,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--threads", type=int, default=d.runtime.threads,
                    help="TensorFlow intra-op threads per rank (0 = this rank's share of the host's cores)")
     g.add_argument("--cpu", action="store_true", help="train on the CPU even where GPUs are present")
+    g.add_argument("--stall-timeout", type=float, default=d.runtime.stall_timeout,
+                   help="seconds a rank may make no progress (waiting for a stalled, lost or unreachable rank) "
+                        "before the job aborts; 0 waits forever")
     return p
 
 
@@ -98,7 +101,7 @@ def config_from_args(argv: Optional[List[str]] = None) -> Config:
                           backward_passes_per_step=a.backward_passes_per_step),
         checkpoint=CheckpointConfig(dir=a.checkpoint_dir, resume=a.resume, keep=a.keep_checkpoints),
         log=LogConfig(dir=a.log_dir, log_every=a.log_every, progress=not a.no_progress),
-        runtime=RuntimeConfig(threads=a.threads, cpu=a.cpu),
+        runtime=RuntimeConfig(threads=a.threads, cpu=a.cpu, stall_timeout=a.stall_timeout),
     )
 
 
@@ -116,6 +119,19 @@ def main(argv: Optional[List[str]] = None) -> int:
         return EXIT_ERROR
     except PeerFailure:
         return EXIT_ERROR
+    except Exception as e:  # noqa: BLE001
+        if not _is_peer_loss(e):
+            raise
+        print(f"hvdtrain: error: rank {launcher_rank()}: another rank failed or was lost, so Horovod shut down "
+              f"mid-training. The launcher names the rank that failed first; resume from the last checkpoint "
+              f"with --resume.", file=sys.stderr, flush=True)
+        return EXIT_ERROR
+
+
+def _is_peer_loss(error: BaseException) -> bool:
+    """True for the errors a rank sees when another rank dies: Horovod shut down under it."""
+    text = f"{type(error).__name__}: {error}"
+    return "HorovodInternalError" in text or "Horovod has been shut down" in text
 
 
 if __name__ == "__main__":

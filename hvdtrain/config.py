@@ -136,13 +136,17 @@ class RuntimeConfig:
     Attributes:
         threads: TensorFlow intra-op threads per rank; 0 = this rank's share of the host's cores.
         cpu: train on the CPU even where GPUs are present.
+        stall_timeout: seconds without a finished step before a rank aborts (0 = wait forever).
     """
 
     threads: int = 0
     cpu: bool = False
+    stall_timeout: float = 120.0
 
     def __post_init__(self):
         _check(_is_int(self.threads) and self.threads >= 0, "--threads", "an integer >= 0", self.threads)
+        _check(isinstance(self.stall_timeout, (int, float)) and self.stall_timeout >= 0, "--stall-timeout", ">= 0",
+               self.stall_timeout)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -13,6 +13,7 @@ from typing import Callable, Optional, Sequence, TypeVar
 import numpy as np
 
 from hvdtrain.errors import HvdtrainError
+from hvdtrain.watchdog import configure_horovod_stall_check
 
 T = TypeVar("T")
 
@@ -165,7 +166,7 @@ def _cpu_share(local_rank: int, local_size: int) -> tuple:
     return tuple(available[local_rank * per_rank:(local_rank + 1) * per_rank])
 
 
-def init_distributed(threads: int = 0, use_gpu: bool = True) -> DistContext:
+def init_distributed(threads: int = 0, use_gpu: bool = True, stall_timeout: float = 0.0) -> DistContext:
     """Start Horovod and pin this process to its own GPU (or its own CPU cores).
 
     Must run before any TensorFlow op: device visibility and thread pools are fixed once
@@ -174,6 +175,8 @@ def init_distributed(threads: int = 0, use_gpu: bool = True) -> DistContext:
     Args:
         threads: TensorFlow intra-op threads; 0 = one per core in this rank's share of the host.
         use_gpu: use the GPU at the local rank if the host has GPUs; False forces the CPU.
+        stall_timeout: seconds after which Horovod's stall inspector should report missing ranks
+            is half this (see :mod:`hvdtrain.watchdog`); 0 leaves Horovod's default.
 
     Returns:
         The :class:`DistContext` for this process.
@@ -190,6 +193,7 @@ def init_distributed(threads: int = 0, use_gpu: bool = True) -> DistContext:
     # paid many times per step: 0.1 ms cuts the synchronized-BatchNorm overhead on the seed CNN from
     # ~29% to ~13% (benchmarks/bn_overhead.py). A user's own setting wins.
     os.environ.setdefault("HOROVOD_CYCLE_TIME", "0.1")
+    configure_horovod_stall_check(stall_timeout)
 
     # Init: starts the background thread that negotiates and runs collectives (Gloo or MPI).
     hvd.init()

@@ -20,6 +20,7 @@ from hvdtrain.errors import HvdtrainError
 from hvdtrain.models import build_model
 from hvdtrain.optim import build_optimizer
 from hvdtrain.sharding import ShardPlan, eval_shard
+from hvdtrain.watchdog import Watchdog
 
 
 def _to_model_input(images: tf.Tensor) -> tf.Tensor:
@@ -44,14 +45,17 @@ class Trainer:
         log_every: steps between global running metrics.
         eval_batch_size: evaluation batch per rank.
         callbacks: side effects; chief-only ones only on the chief.
+        watchdog: told of every finished step; aborts the rank if progress stops.
 
     Raises:
         ValueError: if a chief-only callback is given to another rank.
     """
 
     def __init__(self, ctx: DistContext, model: tf.keras.Model, optimizer, dataset: Dataset, plan: ShardPlan,
-                 log_every: int = 50, eval_batch_size: int = 1000, callbacks: Optional[List[cbs.Callback]] = None):
+                 log_every: int = 50, eval_batch_size: int = 1000, callbacks: Optional[List[cbs.Callback]] = None,
+                 watchdog: Optional[Watchdog] = None):
         self.ctx, self.model, self.optimizer, self.plan = ctx, model, optimizer, plan
+        self.watchdog = watchdog or Watchdog(ctx.rank, timeout_s=0)
         self.log_every, self.eval_batch_size = log_every, eval_batch_size
         self.callbacks = list(callbacks or [])
         if not ctx.is_chief and any(cb.chief_only for cb in self.callbacks):
@@ -120,6 +124,7 @@ class Trainer:
         n = int(self.y_test.shape[0])
         for start in range(0, n, self.eval_batch_size):
             sums += self.eval_step(start, min(start + self.eval_batch_size, n)).numpy()
+            self.watchdog.beat(f"evaluation batch at example {start}")
         return self._global_mean(sums, "hvdtrain.eval")
 
     # ---- the loop -------------------------------------------------------------------------------
@@ -139,6 +144,7 @@ class Trainer:
             start = time.perf_counter()
             for step, indices, global_count in self.plan.epoch(epoch):
                 self.train_step(indices, np.float32(global_count))
+                self.watchdog.beat(f"epoch {epoch + 1}, step {step + 1}")
                 running = None
                 if (step + 1) % self.log_every == 0:
                     running = self._global_mean(self._sums.numpy(), "hvdtrain.running")
@@ -157,6 +163,7 @@ class Trainer:
             }
             for cb in self.callbacks:
                 cb.on_epoch_end(epoch, metrics)
+            self.watchdog.beat(f"the end of epoch {epoch + 1}")
         if not metrics:  # nothing left to train (epochs reached): report the test metrics
             test = self.evaluate()
             metrics = {"test_loss": test["loss"], "test_accuracy": test["accuracy"]}
@@ -190,7 +197,8 @@ def _banner(ctx: DistContext, config: Config, dataset: Dataset, plan: ShardPlan,
         f"{plan.steps_per_epoch} steps per epoch (last global batch {last})",
         f"lr:    base {schedule.base_lr:g} x {ctx.size} = peak {schedule.peak_lr:g}, linear warmup "
         f"{config.optim.warmup_epochs:g} epoch(s) ({schedule.warmup_steps} steps), then {config.optim.lr_schedule}",
-        f"model: {config.model.name} ({'synchronized' if config.model.sync_bn else 'per-rank'} BatchNorm), "
+        f"model: {config.model.name} "
+        f"({'user model' if ':' in config.model.name else ('synchronized' if config.model.sync_bn else 'per-rank') + ' BatchNorm'}), "
         f"{model.count_params():,} parameters",
         f"run:   {run_dir} (checkpoints {ckpt_dir}), epochs {start_epoch + 1}..{config.epochs}",
     ])
@@ -215,8 +223,10 @@ def run(config: Config) -> dict:
         HvdtrainError: on every rank (printed once) for bad data, model, directories or checkpoints.
     """
     # 1. Init and pin: Horovod up, this process on its own GPU or its own CPU cores.
-    ctx = init_distributed(threads=config.runtime.threads, use_gpu=not config.runtime.cpu)
+    ctx = init_distributed(threads=config.runtime.threads, use_gpu=not config.runtime.cpu,
+                           stall_timeout=config.runtime.stall_timeout)
     callbacks: List[cbs.Callback] = []
+    watchdog = Watchdog(ctx.rank, config.runtime.stall_timeout)
     try:
         # Same seed everywhere; initial weights are broadcast from rank 0 anyway (step 5).
         tf.keras.utils.set_random_seed(config.seed)
@@ -260,14 +270,17 @@ def run(config: Config) -> dict:
                 cbs.Checkpointer(manager, meta, plan.steps_per_epoch),
             ]
 
-        # 8. Train: the same steps on every rank.
+        # 8. Train: the same steps on every rank; the watchdog aborts a rank left waiting for a
+        #    stalled or unreachable peer instead of letting the job hang.
         trainer = Trainer(ctx, model, optimizer, dataset, plan, log_every=config.log.log_every,
-                          eval_batch_size=config.data.eval_batch_size, callbacks=callbacks)
+                          eval_batch_size=config.data.eval_batch_size, callbacks=callbacks, watchdog=watchdog)
+        watchdog.arm("start-up")
         metrics = trainer.fit(start_epoch, config.epochs)
         if ctx.is_chief and "train_loss" not in metrics:
             print(f"test loss {metrics['test_loss']:.4f} acc {metrics['test_accuracy']:.4f}", flush=True)
         return metrics
     finally:
+        watchdog.close()
         for cb in callbacks:
             cb.close()
         ctx.close()

@@ -1,0 +1,72 @@
+"""Faults with real ranks: a frozen rank and a killed rank end the whole job promptly, never a hang."""
+import os
+import re
+import signal
+import subprocess
+import time
+
+import pytest
+
+from tests.ranks import command, rank_env
+
+ARGS = ["-m", "hvdtrain", "--dataset", "synthetic", "--model", "tests.models:mlp", "--epochs", "100000",
+        "--batch-size", "32", "--no-progress", "--threads", "1", "--log-every", "5"]
+
+
+def rank_pid(job: subprocess.Popen, rank: int) -> int:
+    """The pid of the process the launcher started as ``rank`` (found through its environment)."""
+    for _ in range(600):
+        for pid in os.listdir("/proc"):
+            if not pid.isdigit():
+                continue
+            try:
+                environ = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
+                cmdline = open(f"/proc/{pid}/cmdline", "rb").read()
+            except OSError:
+                continue
+            if b"hvdtrain" in cmdline and (f"HOROVOD_RANK={rank}".encode() in environ
+                                           or f"OMPI_COMM_WORLD_RANK={rank}".encode() in environ):
+                return int(pid)
+        time.sleep(0.1)
+    raise AssertionError("rank process not found")
+
+
+def start_then(signal_number, launcher, tmp_path, extra=()):
+    """Start 2 ranks, wait until training runs, send ``signal_number`` to rank 1; return (rc, seconds, output)."""
+    log = tmp_path / "metrics.jsonl"
+    job = subprocess.Popen(command(2, [*ARGS, "--log-dir", str(tmp_path), *extra], launcher), env=rank_env(),
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    victim = rank_pid(job, 1)
+    deadline = time.time() + 180
+    while not log.exists() and time.time() < deadline:  # an epoch done: training is under way
+        time.sleep(0.5)
+    assert log.exists(), "training did not start"
+    os.kill(victim, signal_number)
+    start = time.time()
+    try:
+        out, _ = job.communicate(timeout=90)
+    except subprocess.TimeoutExpired:
+        os.killpg(job.pid, signal.SIGKILL)
+        out, _ = job.communicate()
+        raise AssertionError(f"job still running 90 s after the fault\n{out[-3000:]}")
+    finally:
+        try:
+            os.kill(victim, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return job.returncode, time.time() - start, out
+
+
+@pytest.mark.parametrize("launcher", ["gloo", "mpirun"])
+def test_frozen_rank_aborts_the_job(tmp_path, launcher):
+    rc, seconds, out = start_then(signal.SIGSTOP, launcher, tmp_path, ["--stall-timeout", "10"])
+    assert rc != 0
+    assert seconds < 40, f"took {seconds:.0f} s"
+    assert re.search(r"hvdtrain: error: rank 0 made no progress for 1\d s after epoch \d+, step \d+", out), out[-3000:]
+
+
+def test_killed_rank_ends_the_job_with_one_clear_message(tmp_path):
+    rc, seconds, out = start_then(signal.SIGKILL, "gloo", tmp_path)
+    assert rc != 0 and seconds < 30, f"rc {rc} after {seconds:.0f} s"
+    assert out.count("another rank failed or was lost") == 1, out[-3000:]
+    assert not re.search(r"\[\d+\]<stderr>:Traceback", out), "a rank printed a traceback"
