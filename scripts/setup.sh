@@ -17,7 +17,7 @@ command -v "$PYTHON" >/dev/null || PYTHON=python3
 log() { printf '[setup] %s\n' "$*"; }
 
 # 1. Debian packages ------------------------------------------------------------------------
-APT_PACKAGES=(libopenmpi-dev openmpi-bin dataset-fashion-mnist)
+APT_PACKAGES=(libopenmpi-dev openmpi-bin dataset-fashion-mnist openssh-server openssh-client iproute2)
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Cluster with horovodrun: ranks started over ssh by Horovod's launcher, with Gloo or MPI.
+#
+# Edit (or set in the environment):
+#   HOSTS     "host1:slots,host2:slots" (slots = GPUs per host), or HOSTFILE with lines "host slots=N"
+#   NP        total ranks (default: the sum of the slots)
+#   IFACE     network interface(s) the ranks talk over, e.g. "eth0" (comma-separated):
+#             passed as --network-interfaces (Gloo: HOROVOD_GLOO_IFACE; NCCL: NCCL_SOCKET_IFNAME)
+#   SSH_KEY   ssh identity file for reaching the hosts; SSH_PORT if not 22
+#   MODE      "gloo" (default) or "mpi"
+#   ARGS      hvdtrain flags (see: python -m hvdtrain --help)
+#   VENV      the virtual environment, at the same path on every host (default: .venv here)
+# Run:  HOSTS=node1:4,node2:4 bash launch/horovodrun_hosts.sh
+#
+# Horovod 0.28.1 note: Gloo's process-set connections bind to the address that each host's hostname
+# resolves to, whatever --network-interfaces says, so hostnames must resolve to routable addresses.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+VENV=${VENV:-$PWD/.venv}
+if [[ -n "${HOSTFILE:-}" ]]; then
+  hosts_opt=(--hostfile "$HOSTFILE")
+  total=$(awk '{for (i = 1; i <= NF; i++) if ($i ~ /^slots=/) {split($i, s, "="); n += s[2]}} END {print n}' "$HOSTFILE")
+else
+  : "${HOSTS:?set HOSTS=host1:slots,host2:slots or HOSTFILE}"
+  hosts_opt=(-H "$HOSTS")
+  total=$(tr ',' '\n' <<<"$HOSTS" | awk -F: '{n += ($2 == "" ? 1 : $2)} END {print n}')
+fi
+opts=(-np "${NP:-$total}" "${hosts_opt[@]}" "--${MODE:-gloo}")
+[[ -n "${IFACE:-}" ]] && opts+=(--network-interfaces "$IFACE")
+[[ -n "${SSH_KEY:-}" ]] && opts+=(--ssh-identity-file "$SSH_KEY")
+[[ -n "${SSH_PORT:-}" ]] && opts+=(--ssh-port "$SSH_PORT")
+exec "$VENV/bin/horovodrun" "${opts[@]}" "$VENV/bin/python" -m hvdtrain ${ARGS:-}

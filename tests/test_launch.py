@@ -1,0 +1,110 @@
+"""Launching across two hosts: network namespaces with their own addresses, joined by a veth pair,
+sshd in each. The launch/ scripts start one rank per host with mpirun (hostfile) and with horovodrun
+(-H, Gloo); both must match the single-host run. Cutting the link must end every rank, not hang it.
+"""
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.ranks import REPO, rank_env, run_ranks
+from tests.twohosts import IFACE, TwoHosts, namespaces_supported
+
+REASON = namespaces_supported()
+pytestmark = pytest.mark.skipif(bool(REASON), reason=REASON)
+
+# The default job for one epoch, single-threaded ranks so that every placement computes alike.
+JOB = "--epochs 1 --threads 1 --no-progress --seed 0"
+VENV = os.path.dirname(os.path.dirname(sys.executable))
+
+
+def final_test_accuracy(run_dir):
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        return [json.loads(line) for line in f][-1]["test_accuracy"]
+
+
+@pytest.fixture(scope="module")
+def hosts(tmp_path_factory):
+    with TwoHosts(tmp_path_factory.mktemp("hosts")) as two:
+        yield two
+
+
+@pytest.fixture(scope="module")
+def single_host_accuracy(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("single")
+    run_ranks(2, ["-m", "hvdtrain", *JOB.split(), "--log-dir", str(run_dir)], timeout=600)
+    return final_test_accuracy(run_dir)
+
+
+def launch(hosts, script, env, timeout=600):
+    """Run a launch/ script inside host 0's namespace; return the completed process."""
+    env = rank_env({"VENV": VENV, **env})
+    result = subprocess.run(hosts.exec_on(0, ["bash", str(REPO / "launch" / script)]), env=env,
+                            capture_output=True, text=True, timeout=timeout)
+    assert result.returncode == 0, f"{script} exit {result.returncode}\n{result.stdout[-3000:]}\n{result.stderr[-5000:]}"
+    return result
+
+
+def test_mpirun_hostfile_across_two_hosts(hosts, tmp_path, single_host_accuracy):
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("".join(f"{h} slots=1\n" for h in hosts.hosts))
+    result = launch(hosts, "mpirun_hostfile.sh", {
+        "HOSTFILE": str(hostfile), "IFACE": IFACE, "SSH_ARGS": " ".join(hosts.ssh_options()),
+        "ARGS": f"{JOB} --log-dir {tmp_path / 'run'}"})
+    assert "1 local rank(s) x 2 host(s)" in result.stdout
+    assert final_test_accuracy(tmp_path / "run") == pytest.approx(single_host_accuracy, abs=0.002)
+
+
+def test_horovodrun_gloo_across_two_hosts(hosts, tmp_path, single_host_accuracy):
+    result = launch(hosts, "horovodrun_hosts.sh", {
+        "HOSTS": ",".join(f"{h}:1" for h in hosts.hosts), "IFACE": IFACE, "SSH_KEY": str(hosts.key),
+        "MODE": "gloo", "ARGS": f"{JOB} --log-dir {tmp_path / 'run'}"})
+    assert "1 local rank(s) x 2 host(s)" in result.stdout
+    assert final_test_accuracy(tmp_path / "run") == pytest.approx(single_host_accuracy, abs=0.002)
+
+
+def rank_pids(hosts):
+    pids = []
+    for ns in hosts.namespaces:
+        for pid in subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout.split():
+            try:
+                cmdline = open(f"/proc/{pid}/cmdline", "rb").read()
+            except OSError:
+                continue
+            if b"-m\0hvdtrain" in cmdline and b"mpirun" not in cmdline:
+                pids.append(int(pid))
+    return pids
+
+
+def test_cut_link_ends_every_rank(hosts, tmp_path):
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("".join(f"{h} slots=1\n" for h in hosts.hosts))
+    env = rank_env({"VENV": VENV, "HOSTFILE": str(hostfile), "IFACE": IFACE,
+                    "SSH_ARGS": " ".join(hosts.ssh_options()),
+                    "ARGS": f"--dataset synthetic --model tests.models:mlp --epochs 100000 --threads 1 "
+                            f"--no-progress --stall-timeout 15 --log-dir {tmp_path / 'run'}"})
+    log = tmp_path / "job.log"
+    job = subprocess.Popen(hosts.exec_on(0, ["bash", str(REPO / "launch" / "mpirun_hostfile.sh")]), env=env,
+                           stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.time() + 180
+        while not (tmp_path / "run" / "metrics.jsonl").exists():
+            assert time.time() < deadline and job.poll() is None, "training did not start"
+            time.sleep(0.5)
+        ranks = rank_pids(hosts)
+        assert len(ranks) == 2, f"expected a rank on each host, found {ranks}"
+        hosts.cut_link()
+        cut = time.time()
+        while any(os.path.exists(f"/proc/{pid}") and open(f"/proc/{pid}/stat").read().split()[2] != "Z"
+                  for pid in ranks):
+            assert time.time() - cut < 60, "a rank was still running 60 s after the link was cut"
+            time.sleep(0.5)
+    finally:
+        os.killpg(job.pid, 9)  # the launcher itself may wait long for its lost remote daemon
+        job.wait()
+    out = log.read_text()
+    assert re.search(r"hvdtrain: error: rank \d made no progress", out), out[-3000:]
