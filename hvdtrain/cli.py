@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from typing import List, Optional
 
 from hvdtrain.config import (DATASETS, LR_SCHEDULES, CheckpointConfig, Config, DataConfig, LogConfig, ModelConfig,
@@ -16,6 +17,7 @@ from hvdtrain.dist import PeerFailure, launcher_rank
 from hvdtrain.errors import HvdtrainError
 
 EXIT_ERROR = 2
+QUIET_EXIT_DELAY_S = 2.0
 
 
 class _RankAwareParser(argparse.ArgumentParser):
@@ -25,7 +27,8 @@ class _RankAwareParser(argparse.ArgumentParser):
         if launcher_rank() == 0:
             self.print_usage(sys.stderr)
             sys.stderr.write(f"{self.prog}: error: {message}\n")
-        sys.exit(EXIT_ERROR)
+            sys.exit(EXIT_ERROR)
+        sys.exit(_quiet_exit())
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -116,9 +119,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     except HvdtrainError as e:
         if launcher_rank() == 0 or getattr(e, "rank_found", False):
             print(f"hvdtrain: error: {e}", file=sys.stderr, flush=True)
-        return EXIT_ERROR
+            return EXIT_ERROR
+        return _quiet_exit()
     except PeerFailure:
-        return EXIT_ERROR
+        return _quiet_exit()
     except Exception as e:  # noqa: BLE001
         if not _is_peer_loss(e):
             raise
@@ -126,6 +130,14 @@ def main(argv: Optional[List[str]] = None) -> int:
               f"mid-training. The launcher names the rank that failed first; resume from the last checkpoint "
               f"with --resume.", file=sys.stderr, flush=True)
         return EXIT_ERROR
+
+
+def _quiet_exit() -> int:
+    """Exit status for a rank that leaves printing the error to another: it waits a moment first,
+    because launchers end the whole job when the first rank exits, which could otherwise cut off
+    the printing rank before its message is out."""
+    time.sleep(QUIET_EXIT_DELAY_S)
+    return EXIT_ERROR
 
 
 def _is_peer_loss(error: BaseException) -> bool:

@@ -185,6 +185,12 @@ def build_model(spec: str, input_shape: Tuple[int, int, int], num_classes: int, 
         raise HvdtrainError(f"--model {spec!r}: the function raised {type(e).__name__}: {e}") from e
     if not isinstance(model, tf.keras.Model):
         raise HvdtrainError(f"--model {spec!r}: the function returned {type(model).__name__}, not a tf.keras.Model")
+    if not model.built:  # a subclassed or Input-less model: create its weights for this input shape
+        try:
+            model.build((None, *input_shape))
+        except Exception as e:  # noqa: BLE001 -- the user's code
+            raise HvdtrainError(f"--model {spec!r}: cannot build the model for inputs (None, "
+                                f"{', '.join(map(str, input_shape))}): {type(e).__name__}: {e}") from e
     out_shape = tuple(model.output_shape) if hasattr(model, "output_shape") else None
     if out_shape is not None and out_shape[-1] != num_classes:
         raise HvdtrainError(f"--model {spec!r}: the model outputs shape {out_shape}, expected (batch, {num_classes}) logits")

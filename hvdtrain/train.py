@@ -118,6 +118,20 @@ class Trainer:
         loss_sum, correct, count = self.ctx.allreduce_sum(np.asarray(local_sums), name=name)
         return {"loss": loss_sum / max(count, 1.0), "accuracy": correct / max(count, 1.0), "count": int(count)}
 
+    @staticmethod
+    def _checked(metrics: dict, epoch: int, step: int) -> dict:
+        """Stop every rank at the same step when the global loss is NaN or infinite.
+
+        The metrics are allreduced, so every rank sees the same value at the same step and raises
+        together; nothing of the diverged epoch is checkpointed.
+        """
+        if not np.isfinite(metrics["loss"]):
+            raise HvdtrainError(
+                f"training diverged: the global training loss is {metrics['loss']} at epoch {epoch + 1}, step "
+                f"{step + 1}; every rank stopped there. The last checkpoint (end of the previous epoch) is intact: "
+                f"--resume from it with a smaller --lr or longer --warmup-epochs")
+        return metrics
+
     def evaluate(self) -> dict:
         """Loss and accuracy over the whole test set, each example counted once (a collective)."""
         sums = np.zeros(3)
@@ -147,10 +161,10 @@ class Trainer:
                 self.watchdog.beat(f"epoch {epoch + 1}, step {step + 1}")
                 running = None
                 if (step + 1) % self.log_every == 0:
-                    running = self._global_mean(self._sums.numpy(), "hvdtrain.running")
+                    running = self._checked(self._global_mean(self._sums.numpy(), "hvdtrain.running"), epoch, step)
                 for cb in self.callbacks:
                     cb.on_step_end(epoch, step, running)
-            train = self._global_mean(self._sums.numpy(), "hvdtrain.train")
+            train = self._checked(self._global_mean(self._sums.numpy(), "hvdtrain.train"), epoch, steps - 1)
             elapsed = time.perf_counter() - start
             test = self.evaluate()
             metrics = {
@@ -235,6 +249,9 @@ def run(config: Config) -> dict:
         #    disjoint shard per epoch and the same number of steps.
         dataset = ctx.guarded("loading data", lambda: load_dataset(config.data.dataset, config.data.data_dir, config.seed))
         plan = ShardPlan(len(dataset.y_train), config.batch_size, ctx.size, ctx.rank, seed=config.seed)
+        if len(dataset.y_train) < plan.global_batch:
+            raise HvdtrainError(f"{dataset.name}: {len(dataset.y_train)} training examples are fewer than one global "
+                                f"batch ({ctx.size} ranks x --batch-size {config.batch_size}); use a smaller --batch-size")
 
         # 3. Model, on this rank's device.
         with tf.device(ctx.device):

@@ -39,3 +39,26 @@ def wrong_outputs(input_shape, num_classes):
 
 def raises(input_shape, num_classes):
     raise RuntimeError("boom from the user's model")
+
+
+class _PoisonAfter(tf.keras.layers.Layer):
+    """Identity for the first `calls` training calls, then NaN: a deterministic divergence."""
+
+    def __init__(self, calls, **kwargs):
+        super().__init__(**kwargs)
+        self.limit = calls
+
+    def build(self, input_shape):
+        self.calls = self.add_weight(name="calls", shape=(), dtype=tf.int64, initializer="zeros", trainable=False)
+
+    def call(self, x, training=None):
+        if not training:
+            return x
+        self.calls.assign_add(1)
+        return x * tf.where(self.calls > self.limit, float("nan"), 1.0)
+
+
+def diverges_after_120_steps(input_shape, num_classes):
+    """The MLP, whose outputs turn NaN from the 121st training step on."""
+    model = mlp(input_shape, num_classes)
+    return tf.keras.Sequential([model, _PoisonAfter(120)], name="test_diverging")

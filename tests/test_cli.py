@@ -103,3 +103,31 @@ def test_mpirun_gives_matching_result(tmp_path, real_data_gloo):
     mpi = metrics(tmp_path)[-1]
     assert mpi["test_accuracy"] == pytest.approx(real_data_gloo["test_accuracy"], abs=0.005)
     assert mpi["train_loss"] == pytest.approx(real_data_gloo["train_loss"], rel=0.01)
+
+
+def test_diverging_loss_stops_every_rank_and_keeps_the_last_checkpoint(tmp_path):
+    """The loss turns NaN at step 27 of epoch 3 (global step 121, 47 steps per epoch): every rank stops
+    at step 30, the first exact global check after it; earlier checkpoints and metrics stay."""
+    common = [*FAST, "--model", "tests.models:diverges_after_120_steps", "--log-dir", str(tmp_path),
+              "--log-every", "5", "--epochs", "3"]
+    result = hvdtrain(2, common, check=False)
+    assert result.returncode != 0
+    output = result.stdout + result.stderr
+    assert output.count("training diverged: the global training loss is nan at epoch 3, step 30; every rank "
+                        "stopped there") == 1, output[-3000:]
+    assert [m["epoch"] for m in metrics(tmp_path)] == [1, 2]
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["ckpt-000047", "ckpt-000094"]
+
+
+def test_fewer_examples_than_one_global_batch(tmp_path):
+    result = hvdtrain(2, [*FAST, "--batch-size", "4000", "--log-dir", str(tmp_path)], check=False)
+    assert result.returncode != 0
+    assert (result.stdout + result.stderr).count("6000 training examples are fewer than one global batch") == 1
+
+
+def test_resume_with_a_checkpoint_of_another_model(tmp_path):
+    hvdtrain(2, [*FAST, "--epochs", "1", "--log-dir", str(tmp_path)])
+    result = hvdtrain(2, [*FAST, "--epochs", "2", "--log-dir", str(tmp_path), "--resume",
+                          "--model", "tests.models:cnn_sync_bn"], check=False)
+    assert result.returncode != 0
+    assert (result.stdout + result.stderr).count("was written by another model") == 1
