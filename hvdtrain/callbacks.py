@@ -24,6 +24,9 @@ class Callback:
     def on_step_end(self, epoch: int, step: int, running: Optional[dict]) -> None:
         """``running`` holds global running ``loss``/``accuracy`` on steps where they were reduced, else None."""
 
+    def on_mid_epoch_checkpoint(self, epoch: int, steps_done: int, epoch_sums) -> None:
+        """After ``steps_done`` steps of ``epoch``; ``epoch_sums`` are the global ``[loss, correct, count]`` so far."""
+
     def on_epoch_end(self, epoch: int, metrics: dict) -> None: ...
 
     def close(self) -> None: ...
@@ -119,12 +122,18 @@ class TensorBoard(Callback):
 
 
 class Checkpointer(Callback):
-    """Saves a checkpoint at the end of every epoch (rank 0 only; the state is identical on all ranks)."""
+    """Saves checkpoints at the end of every epoch, and within epochs when asked (rank 0 only; the
+    state is identical on all ranks). Tagged by global step; ``epoch`` counts completed epochs."""
 
     def __init__(self, manager, meta: dict, steps_per_epoch: int):
         self.manager = manager
         self.meta = meta
         self.steps_per_epoch = steps_per_epoch
+
+    def on_mid_epoch_checkpoint(self, epoch, steps_done, epoch_sums):
+        self.manager.save(tag=epoch * self.steps_per_epoch + steps_done,
+                          meta={**self.meta, "epoch": epoch, "step_in_epoch": steps_done,
+                                "epoch_sums": [float(v) for v in epoch_sums]})
 
     def on_epoch_end(self, epoch, metrics):
         self.manager.save(tag=(epoch + 1) * self.steps_per_epoch,

@@ -73,6 +73,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--checkpoint-dir", default=None, help="checkpoint directory (default: <log-dir>/checkpoints)")
     g.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --checkpoint-dir")
     g.add_argument("--keep-checkpoints", type=int, default=d.checkpoint.keep, help="most recent checkpoints kept")
+    g.add_argument("--checkpoint-every", type=int, default=d.checkpoint.every_steps,
+                   help="also checkpoint every this many steps within an epoch (0: at the end of epochs only); "
+                        "--resume continues from the exact step")
     g.add_argument("--log-every", type=int, default=d.log.log_every, help="steps between exact running metrics")
     g.add_argument("--no-progress", action="store_true", help="no progress bar (one line per epoch only)")
 
@@ -102,7 +105,8 @@ def config_from_args(argv: Optional[List[str]] = None) -> Config:
         optim=OptimConfig(base_lr=a.lr, momentum=a.momentum, warmup_epochs=a.warmup_epochs,
                           lr_schedule=a.lr_schedule, fp16_allreduce=a.fp16_allreduce,
                           backward_passes_per_step=a.backward_passes_per_step),
-        checkpoint=CheckpointConfig(dir=a.checkpoint_dir, resume=a.resume, keep=a.keep_checkpoints),
+        checkpoint=CheckpointConfig(dir=a.checkpoint_dir, resume=a.resume, keep=a.keep_checkpoints,
+                                    every_steps=a.checkpoint_every),
         log=LogConfig(dir=a.log_dir, log_every=a.log_every, progress=not a.no_progress),
         runtime=RuntimeConfig(threads=a.threads, cpu=a.cpu, stall_timeout=a.stall_timeout),
     )

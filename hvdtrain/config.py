@@ -100,14 +100,18 @@ class CheckpointConfig:
         dir: checkpoint directory; None puts them under the run's log directory.
         resume: continue from the latest checkpoint in ``dir``.
         keep: number of most recent checkpoints kept.
+        every_steps: also checkpoint every this many steps within an epoch (0: at epoch ends only).
     """
 
     dir: Optional[str] = None
     resume: bool = False
     keep: int = 3
+    every_steps: int = 0
 
     def __post_init__(self):
         _check(_is_int(self.keep) and self.keep >= 1, "--keep-checkpoints", "an integer >= 1", self.keep)
+        _check(_is_int(self.every_steps) and self.every_steps >= 0, "--checkpoint-every", "an integer >= 0",
+               self.every_steps)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -75,14 +75,14 @@ class ShardPlan:
         start, size = step * self.global_batch, self.global_batch_size(step)
         return slice(start + rank * size // self.world_size, start + (rank + 1) * size // self.world_size)
 
-    def epoch(self, epoch: int):
-        """Yield ``(step, local_indices, global_batch_size)`` for every step of ``epoch``.
+    def epoch(self, epoch: int, first_step: int = 0):
+        """Yield ``(step, local_indices, global_batch_size)`` for the steps of ``epoch`` from ``first_step``.
 
         ``local_indices`` is int32 ``(b,)`` with ``0 <= b <= local_batch`` (``b == local_batch``
         except possibly at the last step).
         """
         order = self.permutation(epoch).astype(np.int32)
-        for step in range(self.steps_per_epoch):
+        for step in range(first_step, self.steps_per_epoch):
             yield step, order[self.local_slice(step)], self.global_batch_size(step)
 
 

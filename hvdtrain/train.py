@@ -142,26 +142,43 @@ class Trainer:
         return self._global_mean(sums, "hvdtrain.eval")
 
     # ---- the loop -------------------------------------------------------------------------------
-    def fit(self, start_epoch: int, epochs: int) -> dict:
-        """Train epochs ``start_epoch .. epochs-1``; return the last epoch's metrics (or a test-only dict).
+    def fit(self, start_epoch: int, epochs: int, start_step: int = 0, start_sums=None,
+            checkpoint_every: int = 0) -> dict:
+        """Train from step ``start_step`` of epoch ``start_epoch`` to the end of epoch ``epochs - 1``.
 
         Every rank runs the same steps and collectives in the same order.
+
+        Args:
+            start_epoch, start_step: where to begin (a resumed run continues mid-epoch).
+            start_sums: global ``[loss, correct, count]`` sums of the epoch's steps before
+                ``start_step`` (from the checkpoint), so that the epoch's metrics stay exact.
+            checkpoint_every: also checkpoint every this many steps within an epoch (0: only at the
+                end of epochs); each costs one small allreduce of the metric sums on every rank.
+
+        Returns:
+            The last epoch's metrics (or, with nothing left to train, the test metrics).
         """
         for cb in self.callbacks:
             cb.on_train_begin(start_epoch, epochs)
-        metrics = {}
+        metrics, steps = {}, self.plan.steps_per_epoch
         for epoch in range(start_epoch, epochs):
-            steps = self.plan.steps_per_epoch
             for cb in self.callbacks:
                 cb.on_epoch_begin(epoch, steps)
-            self._sums.assign(tf.zeros(3, tf.float64))
+            first = start_step if epoch == start_epoch else 0
+            # The sums of the steps before `first` are global: they enter once, on rank 0.
+            carried = np.asarray(start_sums if first and start_sums is not None else np.zeros(3), np.float64)
+            self._sums.assign(carried if self.ctx.is_chief else np.zeros(3))
             start = time.perf_counter()
-            for step, indices, global_count in self.plan.epoch(epoch):
+            for step, indices, global_count in self.plan.epoch(epoch, first_step=first):
                 self.train_step(indices, np.float32(global_count))
                 self.watchdog.beat(f"epoch {epoch + 1}, step {step + 1}")
                 running = None
                 if (step + 1) % self.log_every == 0:
                     running = self._checked(self._global_mean(self._sums.numpy(), "hvdtrain.running"), epoch, step)
+                if checkpoint_every and (step + 1) % checkpoint_every == 0 and step + 1 < steps:
+                    sums = self.ctx.allreduce_sum(self._sums.numpy(), name="hvdtrain.checkpoint_sums")
+                    for cb in self.callbacks:
+                        cb.on_mid_epoch_checkpoint(epoch, step + 1, sums)
                 for cb in self.callbacks:
                     cb.on_step_end(epoch, step, running)
             train = self._checked(self._global_mean(self._sums.numpy(), "hvdtrain.train"), epoch, steps - 1)
@@ -170,7 +187,8 @@ class Trainer:
             metrics = {
                 "train_loss": train["loss"], "train_accuracy": train["accuracy"],
                 "test_loss": test["loss"], "test_accuracy": test["accuracy"],
-                "images_per_sec": train["count"] / elapsed, "epoch_time_s": elapsed,
+                "images_per_sec": (train["count"] - carried[2]) / elapsed,
+                "epoch_time_s": elapsed,
                 "lr": float(self.optimizer.learning_rate(self.optimizer.iterations))
                 if callable(self.optimizer.learning_rate) else float(self.optimizer.learning_rate),
                 "world_size": self.ctx.size,
@@ -185,22 +203,23 @@ class Trainer:
 
 
 def _open_checkpoints(config: Config, ckpt_dir: str, model, optimizer):
-    """Rank 0: the checkpoint manager and the epoch to start from (restoring if ``--resume``)."""
+    """Rank 0: the checkpoint manager and where to start, ``(manager, (epoch, step, sums))``,
+    restoring the latest checkpoint if ``--resume``."""
     manager = CheckpointManager(ckpt_dir, model, optimizer, keep=config.checkpoint.keep)
     latest = manager.latest()
     if not config.checkpoint.resume:
         if latest:
             raise HvdtrainError(f"checkpoint directory {ckpt_dir} already holds {os.path.basename(latest)}; "
                                 f"pass --resume to continue that run, or choose another --log-dir/--checkpoint-dir")
-        return manager, 0
+        return manager, (0, 0, None)
     if latest is None:
         raise HvdtrainError(f"--resume: no checkpoint in {ckpt_dir}")
     meta = manager.restore(latest)
-    return manager, int(meta["epoch"])
+    return manager, (int(meta["epoch"]), int(meta.get("step_in_epoch", 0)), meta.get("epoch_sums"))
 
 
 def _banner(ctx: DistContext, config: Config, dataset: Dataset, plan: ShardPlan, schedule, model,
-            run_dir: str, ckpt_dir: str, start_epoch: int) -> str:
+            run_dir: str, ckpt_dir: str, start_epoch: int, start_step: int) -> str:
     last = plan.global_batch_size(plan.steps_per_epoch - 1)
     return "\n".join([
         f"hvdtrain: world size {ctx.size} ({ctx.local_size} local rank(s) x {ctx.cross_size} host(s)), "
@@ -214,7 +233,8 @@ def _banner(ctx: DistContext, config: Config, dataset: Dataset, plan: ShardPlan,
         f"model: {config.model.name} "
         f"({'user model' if ':' in config.model.name else ('synchronized' if config.model.sync_bn else 'per-rank') + ' BatchNorm'}), "
         f"{model.count_params():,} parameters",
-        f"run:   {run_dir} (checkpoints {ckpt_dir}), epochs {start_epoch + 1}..{config.epochs}",
+        f"run:   {run_dir} (checkpoints {ckpt_dir}), epochs {start_epoch + 1}..{config.epochs}"
+        + (f", resuming at step {start_step + 1} of epoch {start_epoch + 1}" if start_step else ""),
     ])
 
 
@@ -268,17 +288,18 @@ def run(config: Config) -> dict:
         run_dir = ctx.broadcast_object(config.log.dir or os.path.join("runs", time.strftime("%Y%m%d-%H%M%S")),
                                        name="hvdtrain.run_dir")
         ckpt_dir = config.checkpoint.dir or os.path.join(run_dir, "checkpoints")
-        manager, start_epoch = ctx.guarded(
+        manager, start = ctx.guarded(
             "opening the run directory",
-            lambda: _open_checkpoints(config, ckpt_dir, model, optimizer) if ctx.is_chief else (None, 0))
-        start_epoch = ctx.broadcast_object(start_epoch, name="hvdtrain.start_epoch")
+            lambda: _open_checkpoints(config, ckpt_dir, model, optimizer) if ctx.is_chief else (None, None))
+        start_epoch, start_step, start_sums = ctx.broadcast_object(start, name="hvdtrain.start")
 
         # 6. Broadcast: every rank starts from rank 0's weights and optimizer state (fresh or restored).
         broadcast_state(ctx, model, optimizer)
 
         # 7. Rank-0 side effects: banner, progress, logs, checkpoints -- the one chief-only block.
         if ctx.is_chief:
-            print(_banner(ctx, config, dataset, plan, schedule, model, run_dir, ckpt_dir, start_epoch), flush=True)
+            print(_banner(ctx, config, dataset, plan, schedule, model, run_dir, ckpt_dir, start_epoch, start_step),
+                  flush=True)
             meta = {"model": config.model.name, "seed": config.seed, "world_size": ctx.size, "config": config.to_dict()}
             callbacks = ([cbs.ProgressBar()] if config.log.progress else []) + [
                 cbs.EpochLine(config.epochs),
@@ -292,7 +313,8 @@ def run(config: Config) -> dict:
         trainer = Trainer(ctx, model, optimizer, dataset, plan, log_every=config.log.log_every,
                           eval_batch_size=config.data.eval_batch_size, callbacks=callbacks, watchdog=watchdog)
         watchdog.arm("start-up")
-        metrics = trainer.fit(start_epoch, config.epochs)
+        metrics = trainer.fit(start_epoch, config.epochs, start_step=start_step, start_sums=start_sums,
+                              checkpoint_every=config.checkpoint.every_steps)
         if ctx.is_chief and "train_loss" not in metrics:
             print(f"test loss {metrics['test_loss']:.4f} acc {metrics['test_accuracy']:.4f}", flush=True)
         return metrics

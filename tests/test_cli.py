@@ -1,6 +1,7 @@
 """The command line with real ranks: help, argument errors, the real job end to end, resume."""
 import json
 import re
+import shutil
 import subprocess
 import sys
 
@@ -131,3 +132,26 @@ def test_resume_with_a_checkpoint_of_another_model(tmp_path):
                           "--model", "tests.models:cnn_sync_bn"], check=False)
     assert result.returncode != 0
     assert (result.stdout + result.stderr).count("was written by another model") == 1
+
+
+def test_resume_mid_epoch_is_exact(tmp_path):
+    """A crash right after a mid-epoch checkpoint (simulated by removing everything written after
+    it), then --resume, ends with the weights and metrics of the uninterrupted run."""
+    common = [*FAST, "--epochs", "2", "--checkpoint-every", "10", "--keep-checkpoints", "100"]
+    whole, crashed = tmp_path / "whole", tmp_path / "crashed"
+    hvdtrain(2, [*common, "--log-dir", str(whole)])
+    hvdtrain(2, [*common, "--log-dir", str(crashed)])
+    for ckpt in (crashed / "checkpoints").iterdir():  # keep up to epoch 2, step 10 (global step 57)
+        if int(ckpt.name.split("-")[1]) > 57:
+            shutil.rmtree(ckpt)
+    with open(crashed / "metrics.jsonl") as f:
+        first_epoch = f.readline()
+    (crashed / "metrics.jsonl").write_text(first_epoch)
+    resumed = hvdtrain(2, [*common, "--log-dir", str(crashed), "--resume"])
+    assert "resuming at step 11 of epoch 2" in resumed.stdout
+    a, b = checkpoint_weights(whole / "checkpoints"), checkpoint_weights(crashed / "checkpoints")
+    for k in a:
+        np.testing.assert_allclose(b[k], a[k], rtol=1e-6, atol=1e-7, err_msg=k)
+    for m_whole, m_resumed in zip(metrics(whole), metrics(crashed)):
+        for key in ("epoch", "train_loss", "train_accuracy", "test_loss", "test_accuracy"):
+            assert m_resumed[key] == pytest.approx(m_whole[key], rel=1e-6), key
