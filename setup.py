@@ -10,6 +10,6 @@ setup(
     python_requires=">=3.9",
     packages=find_packages(include=["hvdtrain", "hvdtrain.*"]),
     # TensorFlow and Horovod are installed by scripts/setup.sh (Horovod must be built against TF).
-    install_requires=["numpy", "tqdm", "PyYAML"],
+    install_requires=["numpy", "tqdm"],
     entry_points={"console_scripts": ["hvdtrain=hvdtrain.cli:main"]},
 )

@@ -19,7 +19,8 @@ class Callback:
 
     def on_train_begin(self, start_epoch: int, epochs: int) -> None: ...
 
-    def on_epoch_begin(self, epoch: int, steps: int) -> None: ...
+    def on_epoch_begin(self, epoch: int, steps: int, first_step: int = 0) -> None:
+        """``steps`` per epoch; a resumed epoch begins at ``first_step``."""
 
     def on_step_end(self, epoch: int, step: int, running: Optional[dict]) -> None:
         """``running`` holds global running ``loss``/``accuracy`` on steps where they were reduced, else None."""
@@ -38,11 +39,11 @@ class ProgressBar(Callback):
     def __init__(self):
         self._bar = None
 
-    def on_epoch_begin(self, epoch, steps):
+    def on_epoch_begin(self, epoch, steps, first_step=0):
         from tqdm import tqdm
 
-        self._bar = tqdm(total=steps, desc=f"epoch {epoch + 1}", unit="step", leave=False, file=sys.stderr,
-                         dynamic_ncols=True, mininterval=1.0)
+        self._bar = tqdm(total=steps, initial=first_step, desc=f"epoch {epoch + 1}", unit="step", leave=False,
+                         file=sys.stderr, dynamic_ncols=True, mininterval=1.0)
 
     def on_step_end(self, epoch, step, running):
         self._bar.update(1)
@@ -83,8 +84,14 @@ class JsonlMetrics(Callback):
     def on_train_begin(self, start_epoch, epochs):
         if not os.path.exists(self.path):
             return
+        kept = []
         with open(self.path) as f:
-            kept = [line for line in f if line.strip() and json.loads(line).get("epoch", 0) <= start_epoch]
+            for line in f:
+                try:
+                    if json.loads(line).get("epoch", 0) <= start_epoch:
+                        kept.append(line if line.endswith("\n") else line + "\n")
+                except ValueError:  # a line cut short by a crash during its append
+                    continue
         tmp = self.path + ".tmp"
         with open(tmp, "w") as f:
             f.writelines(kept)
@@ -131,10 +138,18 @@ class Checkpointer(Callback):
         self.steps_per_epoch = steps_per_epoch
 
     def on_mid_epoch_checkpoint(self, epoch, steps_done, epoch_sums):
-        self.manager.save(tag=epoch * self.steps_per_epoch + steps_done,
-                          meta={**self.meta, "epoch": epoch, "step_in_epoch": steps_done,
-                                "epoch_sums": [float(v) for v in epoch_sums]})
+        self._save(tag=epoch * self.steps_per_epoch + steps_done,
+                   meta={**self.meta, "epoch": epoch, "step_in_epoch": steps_done,
+                         "epoch_sums": [float(v) for v in epoch_sums]})
 
     def on_epoch_end(self, epoch, metrics):
-        self.manager.save(tag=(epoch + 1) * self.steps_per_epoch,
-                          meta={**self.meta, "epoch": epoch + 1, "step_in_epoch": 0, "metrics": metrics})
+        self._save(tag=(epoch + 1) * self.steps_per_epoch,
+                   meta={**self.meta, "epoch": epoch + 1, "step_in_epoch": 0, "metrics": metrics})
+
+    def _save(self, tag, meta):
+        from hvdtrain.errors import HvdtrainError
+
+        try:
+            self.manager.save(tag=tag, meta=meta)
+        except OSError as e:  # disk full, directory removed...: the previous checkpoints are intact
+            raise HvdtrainError(f"cannot write checkpoint {tag} in {self.manager.directory}: {e}") from None

@@ -2,12 +2,13 @@
 
 Layout of a checkpoint directory::
 
-    ckpt-000004/            state after 4 epochs (complete: it only appears by rename)
+    ckpt-000470/            state after global step 470 (complete: it only appears by rename)
         state.index         tf.train.Checkpoint of the model and optimizer (no pickle)
         state.data-00000-of-00001
-        meta.json           epoch, step, model, seed, variable shapes
-    ckpt-000005/
-    .tmp-ckpt-000006-<pid>/ a save in progress or interrupted: ignored, removed by the next save
+        meta.json           completed epochs, step within the epoch, the epoch's metric sums so far,
+                            world size, local batch, steps per epoch, model, seed, variable shapes
+    ckpt-000940/
+    .tmp-ckpt-001410-<pid>/ a save in progress or interrupted: ignored, removed by the next save
 
 A save writes everything into a temporary directory, fsyncs it and renames it into place, so a
 crash at any moment leaves the previous checkpoints complete and loadable.
@@ -47,7 +48,8 @@ def _fsync_dir(path: str) -> None:
 class CheckpointManager:
     """Saves and restores ``tf.train.Checkpoint(model=..., optimizer=...)`` plus JSON metadata.
 
-    Only the chief (rank 0) should construct one with ``writer=True``; see :func:`hvdtrain.train.run`.
+    Only the chief (rank 0) constructs one (see :func:`hvdtrain.train.run`); the restored state
+    reaches the other ranks by broadcast, so only rank 0 needs the directory.
 
     Args:
         directory: the checkpoint directory (created if missing).

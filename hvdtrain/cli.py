@@ -129,10 +129,12 @@ def main(argv: Optional[List[str]] = None) -> int:
         return _quiet_exit()
     except Exception as e:  # noqa: BLE001
         if not _is_peer_loss(e):
-            raise
-        print(f"hvdtrain: error: rank {launcher_rank()}: another rank failed or was lost, so Horovod shut down "
-              f"mid-training. The launcher names the rank that failed first; resume from the last checkpoint "
-              f"with --resume.", file=sys.stderr, flush=True)
+            raise  # this rank's own failure: its traceback is the message
+        if launcher_rank() != 0:
+            return _quiet_exit()
+        print("hvdtrain: error: another rank failed or was lost, so Horovod shut down mid-training. The "
+              "launcher names the rank that failed first; resume from the last checkpoint with --resume.",
+              file=sys.stderr, flush=True)
         return EXIT_ERROR
 
 

@@ -6,6 +6,7 @@ Each section is a frozen dataclass whose ``__post_init__`` rejects bad values wi
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Optional
 
 from hvdtrain.data import DEFAULT_DATA_DIR
@@ -18,6 +19,11 @@ LR_SCHEDULES = ("cosine", "constant")
 def _check(ok: bool, flag: str, requirement: str, value) -> None:
     if not ok:
         raise HvdtrainError(f"{flag} must be {requirement}, got {value!r}")
+
+
+def _is_number(value) -> bool:
+    """A finite int or float (not bool): ``inf`` and ``nan`` are never valid settings."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _is_int(value) -> bool:
@@ -82,10 +88,9 @@ class OptimConfig:
     backward_passes_per_step: int = 1
 
     def __post_init__(self):
-        _check(isinstance(self.base_lr, (int, float)) and self.base_lr > 0, "--lr", "> 0", self.base_lr)
-        _check(isinstance(self.momentum, (int, float)) and 0 <= self.momentum < 1, "--momentum", "in [0, 1)",
-               self.momentum)
-        _check(isinstance(self.warmup_epochs, (int, float)) and self.warmup_epochs >= 0, "--warmup-epochs", ">= 0",
+        _check(_is_number(self.base_lr) and self.base_lr > 0, "--lr", "finite and > 0", self.base_lr)
+        _check(_is_number(self.momentum) and 0 <= self.momentum < 1, "--momentum", "in [0, 1)", self.momentum)
+        _check(_is_number(self.warmup_epochs) and self.warmup_epochs >= 0, "--warmup-epochs", "finite and >= 0",
                self.warmup_epochs)
         _check(self.lr_schedule in LR_SCHEDULES, "--lr-schedule", f"one of {LR_SCHEDULES}", self.lr_schedule)
         _check(_is_int(self.backward_passes_per_step) and self.backward_passes_per_step >= 1,
@@ -149,7 +154,7 @@ class RuntimeConfig:
 
     def __post_init__(self):
         _check(_is_int(self.threads) and self.threads >= 0, "--threads", "an integer >= 0", self.threads)
-        _check(isinstance(self.stall_timeout, (int, float)) and self.stall_timeout >= 0, "--stall-timeout", ">= 0",
+        _check(_is_number(self.stall_timeout) and self.stall_timeout >= 0, "--stall-timeout", "finite and >= 0",
                self.stall_timeout)
 
 

@@ -9,6 +9,7 @@ import dataclasses
 import gzip
 import os
 import zipfile
+import zlib
 from typing import Tuple
 
 import numpy as np
@@ -72,7 +73,7 @@ def read_idx(path: str) -> np.ndarray:
             raw = f.read()
         if raw[:2] == b"\x1f\x8b":
             raw = gzip.decompress(raw)
-    except (OSError, EOFError, gzip.BadGzipFile) as e:
+    except (OSError, EOFError, gzip.BadGzipFile, zlib.error) as e:
         raise HvdtrainError(f"cannot read IDX file {path}: {e}") from None
     if len(raw) < 4 or raw[0] != 0 or raw[1] != 0 or raw[2] not in _IDX_DTYPES or raw[3] == 0:
         raise HvdtrainError(f"{path} is not an IDX file: bad magic number {raw[:4].hex() or '<empty>'}")

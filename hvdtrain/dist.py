@@ -154,13 +154,13 @@ class DistContext:
 def _cpu_share(local_rank: int, local_size: int) -> tuple:
     """The CPU cores this local rank should use: its own slice of the cores it may run on.
 
-    If the launcher already bound the process to a subset of the host's cores (``mpirun
-    --bind-to core``, SLURM ``--cpu-bind``), that subset is this rank's share as it stands.
-    Otherwise the available cores are split into ``local_size`` equal contiguous slices; with more
-    local ranks than cores, every rank shares all cores (oversubscribed: no binding helps).
+    The cores this process may run on (a container's cpuset, or all of the host's) are split into
+    ``local_size`` equal contiguous slices, one per local rank. With fewer cores than local ranks
+    -- oversubscribed, or already bound to a core each by the launcher (``mpirun --bind-to core``)
+    -- the process keeps the cores it has.
     """
     available = sorted(os.sched_getaffinity(0))
-    if len(available) < (os.cpu_count() or len(available)) or local_size > len(available):
+    if local_size > len(available):
         return tuple(available)
     per_rank = len(available) // local_size
     return tuple(available[local_rank * per_rank:(local_rank + 1) * per_rank])
@@ -182,8 +182,9 @@ def init_distributed(threads: int = 0, use_gpu: bool = True, stall_timeout: floa
         The :class:`DistContext` for this process.
 
     Raises:
-        HvdtrainError: on every rank, if a host has GPUs but fewer than its local ranks (two ranks
-            sharing one GPU is the "all memory grabbed, one GPU computing" pitfall).
+        HvdtrainError: if a host has GPUs but fewer than its local ranks (two ranks sharing one GPU
+            is the "all memory grabbed, one GPU computing" pitfall), on the lowest such rank, which
+            prints it; the other ranks raise :class:`PeerFailure`.
     """
     import horovod.tensorflow as hvd
     import tensorflow as tf

@@ -7,8 +7,6 @@ import tensorflow as tf
 
 from hvdtrain import sync_bn_kernels as kernels
 
-_HALF_DTYPES = (tf.float16, tf.bfloat16)
-
 
 def _world_size() -> int:
     import horovod.tensorflow as hvd
@@ -335,14 +333,17 @@ class SyncBatchNormalization(tf.keras.layers.Layer):
 
     def _update_moving_statistics(self, count, mean, variance):
         """Moving averages from the global batch statistics; unchanged when the global count is 0."""
-        if self.unbiased_moving_variance:
-            variance = variance * tf.math.divide_no_nan(count, count - 1.0)
         has_data = count > 0
+        has_variance = has_data
+        if self.unbiased_moving_variance:  # n/(n-1): undefined for a single example, so no update then
+            variance = variance * tf.math.divide_no_nan(count, count - 1.0)
+            has_variance = count > 1
         m = self.momentum
-        for var, batch_value in ((self.moving_mean, mean), (self.moving_variance, variance)):
+        for var, batch_value, update in ((self.moving_mean, mean, has_data),
+                                         (self.moving_variance, variance, has_variance)):
             batch_value = tf.reshape(batch_value, tf.shape(var))
             updated = m * tf.cast(var, tf.float64) + (1.0 - m) * batch_value
-            var.assign(tf.cast(tf.where(has_data, updated, tf.cast(var, tf.float64)), var.dtype))
+            var.assign(tf.cast(tf.where(update, updated, tf.cast(var, tf.float64)), var.dtype))
 
     def compute_output_shape(self, input_shape):
         return input_shape

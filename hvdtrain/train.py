@@ -128,8 +128,8 @@ class Trainer:
         if not np.isfinite(metrics["loss"]):
             raise HvdtrainError(
                 f"training diverged: the global training loss is {metrics['loss']} at epoch {epoch + 1}, step "
-                f"{step + 1}; every rank stopped there. The last checkpoint (end of the previous epoch) is intact: "
-                f"--resume from it with a smaller --lr or longer --warmup-epochs")
+                f"{step + 1}; every rank stopped there. No diverged state was checkpointed: --resume from the last "
+                f"checkpoint with a smaller --lr or longer --warmup-epochs")
         return metrics
 
     def evaluate(self) -> dict:
@@ -162,9 +162,9 @@ class Trainer:
             cb.on_train_begin(start_epoch, epochs)
         metrics, steps = {}, self.plan.steps_per_epoch
         for epoch in range(start_epoch, epochs):
-            for cb in self.callbacks:
-                cb.on_epoch_begin(epoch, steps)
             first = start_step if epoch == start_epoch else 0
+            for cb in self.callbacks:
+                cb.on_epoch_begin(epoch, steps, first)
             # The sums of the steps before `first` are global: they enter once, on rank 0.
             carried = np.asarray(start_sums if first and start_sums is not None else np.zeros(3), np.float64)
             self._sums.assign(carried if self.ctx.is_chief else np.zeros(3))
@@ -177,6 +177,7 @@ class Trainer:
                     running = self._checked(self._global_mean(self._sums.numpy(), "hvdtrain.running"), epoch, step)
                 if checkpoint_every and (step + 1) % checkpoint_every == 0 and step + 1 < steps:
                     sums = self.ctx.allreduce_sum(self._sums.numpy(), name="hvdtrain.checkpoint_sums")
+                    self._checked({"loss": sums[0] / max(sums[2], 1.0)}, epoch, step)  # never save a diverged state
                     for cb in self.callbacks:
                         cb.on_mid_epoch_checkpoint(epoch, step + 1, sums)
                 for cb in self.callbacks:
@@ -202,9 +203,20 @@ class Trainer:
         return metrics
 
 
-def _open_checkpoints(config: Config, ckpt_dir: str, model, optimizer):
+def _open_checkpoints(config: Config, run_dir: str, ckpt_dir: str, model, optimizer, layout: dict):
     """Rank 0: the checkpoint manager and where to start, ``(manager, (epoch, step, sums))``,
-    restoring the latest checkpoint if ``--resume``."""
+    restoring the latest checkpoint if ``--resume``.
+
+    ``layout`` (world size, local batch, steps per epoch) must match the checkpoint's: a resumed
+    run continues the same sequence of global batches, so these cannot change.
+    """
+    try:
+        os.makedirs(run_dir, exist_ok=True)
+        with open(os.path.join(run_dir, ".write-test"), "w"):
+            pass
+        os.remove(os.path.join(run_dir, ".write-test"))
+    except OSError as e:
+        raise HvdtrainError(f"log directory {run_dir} is not writable: {e.strerror or e}") from None
     manager = CheckpointManager(ckpt_dir, model, optimizer, keep=config.checkpoint.keep)
     latest = manager.latest()
     if not config.checkpoint.resume:
@@ -215,6 +227,10 @@ def _open_checkpoints(config: Config, ckpt_dir: str, model, optimizer):
     if latest is None:
         raise HvdtrainError(f"--resume: no checkpoint in {ckpt_dir}")
     meta = manager.restore(latest)
+    theirs = {key: meta.get(key) for key in layout}
+    if theirs != layout:
+        raise HvdtrainError(f"--resume: {latest} was written by a run with {theirs}, this run has {layout}; "
+                            f"resume with the same number of ranks and --batch-size")
     return manager, (int(meta["epoch"]), int(meta.get("step_in_epoch", 0)), meta.get("epoch_sums"))
 
 
@@ -262,6 +278,9 @@ def run(config: Config) -> dict:
     callbacks: List[cbs.Callback] = []
     watchdog = Watchdog(ctx.rank, config.runtime.stall_timeout)
     try:
+        # From here on a rank left waiting for a stalled or unreachable peer -- in a start-up
+        # collective or in training -- aborts after --stall-timeout instead of hanging.
+        watchdog.arm("loading data")
         # Same seed everywhere; initial weights are broadcast from rank 0 anyway (step 5).
         tf.keras.utils.set_random_seed(config.seed)
 
@@ -274,6 +293,7 @@ def run(config: Config) -> dict:
                                 f"batch ({ctx.size} ranks x --batch-size {config.batch_size}); use a smaller --batch-size")
 
         # 3. Model, on this rank's device.
+        watchdog.beat("building the model")
         with tf.device(ctx.device):
             model = ctx.guarded("building the model", lambda: build_model(
                 config.model.name, dataset.input_shape, dataset.num_classes, sync_bn=config.model.sync_bn,
@@ -288,19 +308,23 @@ def run(config: Config) -> dict:
         run_dir = ctx.broadcast_object(config.log.dir or os.path.join("runs", time.strftime("%Y%m%d-%H%M%S")),
                                        name="hvdtrain.run_dir")
         ckpt_dir = config.checkpoint.dir or os.path.join(run_dir, "checkpoints")
+        layout = {"world_size": ctx.size, "batch_size": config.batch_size, "steps_per_epoch": plan.steps_per_epoch}
+        watchdog.beat("opening the run directory")
         manager, start = ctx.guarded(
             "opening the run directory",
-            lambda: _open_checkpoints(config, ckpt_dir, model, optimizer) if ctx.is_chief else (None, None))
+            lambda: _open_checkpoints(config, run_dir, ckpt_dir, model, optimizer, layout) if ctx.is_chief
+            else (None, None))
         start_epoch, start_step, start_sums = ctx.broadcast_object(start, name="hvdtrain.start")
 
         # 6. Broadcast: every rank starts from rank 0's weights and optimizer state (fresh or restored).
+        watchdog.beat("broadcasting the initial state")
         broadcast_state(ctx, model, optimizer)
 
         # 7. Rank-0 side effects: banner, progress, logs, checkpoints -- the one chief-only block.
         if ctx.is_chief:
             print(_banner(ctx, config, dataset, plan, schedule, model, run_dir, ckpt_dir, start_epoch, start_step),
                   flush=True)
-            meta = {"model": config.model.name, "seed": config.seed, "world_size": ctx.size, "config": config.to_dict()}
+            meta = {"model": config.model.name, "seed": config.seed, **layout, "config": config.to_dict()}
             callbacks = ([cbs.ProgressBar()] if config.log.progress else []) + [
                 cbs.EpochLine(config.epochs),
                 cbs.JsonlMetrics(run_dir),
@@ -308,11 +332,10 @@ def run(config: Config) -> dict:
                 cbs.Checkpointer(manager, meta, plan.steps_per_epoch),
             ]
 
-        # 8. Train: the same steps on every rank; the watchdog aborts a rank left waiting for a
-        #    stalled or unreachable peer instead of letting the job hang.
+        # 8. Train: the same steps on every rank.
+        watchdog.beat("the first training step")
         trainer = Trainer(ctx, model, optimizer, dataset, plan, log_every=config.log.log_every,
                           eval_batch_size=config.data.eval_batch_size, callbacks=callbacks, watchdog=watchdog)
-        watchdog.arm("start-up")
         metrics = trainer.fit(start_epoch, config.epochs, start_step=start_step, start_sums=start_sums,
                               checkpoint_every=config.checkpoint.every_steps)
         if ctx.is_chief and "train_loss" not in metrics:

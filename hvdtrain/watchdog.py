@@ -39,7 +39,6 @@ class Watchdog:
         self.rank, self.timeout_s, self.poll_s = rank, float(timeout_s), poll_s
         self._last = time.monotonic()
         self._where = "starting"
-        self._armed = False
         self._stop = threading.Event()
         self._thread = None
 
@@ -47,7 +46,6 @@ class Watchdog:
         """Start watching (idempotent); ``where`` says what the rank is doing now."""
         self.beat(where)
         if self.timeout_s > 0 and self._thread is None:
-            self._armed = True
             self._thread = threading.Thread(target=self._watch, name="hvdtrain-watchdog", daemon=True)
             self._thread.start()
 

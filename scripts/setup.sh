@@ -64,7 +64,7 @@ if [[ ! -f "$STAMP" || "$(cat "$STAMP")" != "$TF_VERSION" ]] \
 fi
 
 # 4. hvdtrain itself ---------------------------------------------------------------------
-if ! "$PY" -c 'import hvdtrain' 2>/dev/null; then
+if ! (cd / && "$PY" -c 'import hvdtrain') 2>/dev/null; then  # from /: not found merely via the cwd
   log "installing hvdtrain (editable)"
   "${PIP[@]}" --no-build-isolation --no-deps -e "$ROOT"
 fi

@@ -44,7 +44,8 @@ def test_help_documents_every_flag():
 @pytest.mark.parametrize("args, message", [
     (["--batch-size", "0"], "--batch-size must be an integer >= 1, got 0"),
     (["--epochs", "-1"], "--epochs must be an integer >= 0, got -1"),
-    (["--lr", "0"], "--lr must be > 0, got 0.0"),
+    (["--lr", "0"], "--lr must be finite and > 0, got 0.0"),
+    (["--warmup-epochs", "inf"], "--warmup-epochs must be finite and >= 0, got inf"),
     (["--batch-size", "ten"], "argument --batch-size: invalid int value: 'ten'"),
 ])
 def test_bad_flag_fails_every_rank_with_one_message(args, message):

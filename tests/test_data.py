@@ -1,12 +1,11 @@
 """Loaders: real Fashion-MNIST IDX files, gzip and raw IDX, NPZ files, synthetic data, and clear errors."""
 import gzip
 import os
-import shutil
 
 import numpy as np
 import pytest
 
-from hvdtrain.data import DEFAULT_DATA_DIR, load_dataset, load_idx_dir, load_npz, make_synthetic, read_idx
+from hvdtrain.data import DEFAULT_DATA_DIR, load_dataset, load_idx_dir, load_npz, make_synthetic
 from hvdtrain.errors import HvdtrainError
 
 

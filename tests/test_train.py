@@ -5,7 +5,6 @@ initial weights, same global batches), to ||w_ranks - w_oracle|| <= 1e-5 ||w_ora
 """
 import numpy as np
 import pytest
-import tensorflow as tf
 
 from tests.ranks import run_ranks
 
