@@ -281,7 +281,7 @@ def run(config: Config) -> dict:
         # From here on a rank left waiting for a stalled or unreachable peer -- in a start-up
         # collective or in training -- aborts after --stall-timeout instead of hanging.
         watchdog.arm("loading data")
-        # Same seed everywhere; initial weights are broadcast from rank 0 anyway (step 5).
+        # Same seed everywhere; initial weights are broadcast from rank 0 anyway (step 6).
         tf.keras.utils.set_random_seed(config.seed)
 
         # 2. Data: every rank loads the (small, in-memory) dataset; the plan gives each rank a
