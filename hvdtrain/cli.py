@@ -12,7 +12,6 @@ from typing import List, Optional
 
 from hvdtrain.config import (DATASETS, LR_SCHEDULES, CheckpointConfig, Config, DataConfig, LogConfig, ModelConfig,
                              OptimConfig, RuntimeConfig)
-from hvdtrain.data import DEFAULT_DATA_DIR
 from hvdtrain.dist import PeerFailure, launcher_rank
 from hvdtrain.errors import HvdtrainError
 
@@ -59,7 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("data and model")
     g.add_argument("--dataset", choices=DATASETS, default=d.data.dataset,
                    help="idx: MNIST-family IDX directory; npz: keras.datasets-style .npz file; synthetic")
-    g.add_argument("--data-dir", default=DEFAULT_DATA_DIR, help="the IDX directory, or the .npz file for --dataset npz")
+    g.add_argument("--data-dir", default=d.data.data_dir, help="the IDX directory, or the .npz file for --dataset npz")
     g.add_argument("--eval-batch-size", type=int, default=d.data.eval_batch_size, help="examples per evaluation batch per rank")
     g.add_argument("--model", default=d.model.name,
                    help="cnn, resnet20, or package.module:function returning an uncompiled tf.keras.Model "

@@ -238,8 +238,10 @@ class SyncBatchNormalization(tf.keras.layers.Layer):
             y = (x - self._per_element(mean)) * self._per_element(scale) + self._per_element(beta)
         return tf.cast(y, inputs.dtype)
 
-    def _local_shifted_sums(self, x, shift):
+    def _local_shifted_sums(self, x, shift, count):
         """This rank's per-channel ``Σ(x - shift)`` and ``Σ(x - shift)²``, float64 ``[C]`` each.
+
+        ``count`` is this rank's per-channel example count (float64 scalar).
 
         Kernel path: one pass, float64 accumulation. TensorFlow path: two passes in float32 -- a
         first mean ``m``, then sums of ``d = x - m`` and ``d²`` (the sum of ``d`` corrects the first
@@ -247,14 +249,12 @@ class SyncBatchNormalization(tf.keras.layers.Layer):
         """
         if self._use_kernels():
             return kernels.moments(x, shift)
-        count = tf.cast(tf.size(x, out_type=tf.int64) // self._channels, tf.float32)
-        first_mean = self._channel_sums(x) / tf.maximum(count, 1.0)
+        first_mean = self._channel_sums(x) / tf.cast(tf.maximum(count, 1.0), tf.float32)
         dev = x - self._per_element(first_mean)
         dev_sum = tf.cast(self._channel_sums(dev), tf.float64)
         dev_sq_sum = tf.cast(self._channel_sums(tf.square(dev)), tf.float64)
         offset = tf.cast(first_mean, tf.float64) - shift
-        n = tf.cast(count, tf.float64)
-        return dev_sum + n * offset, dev_sq_sum + 2.0 * offset * dev_sum + n * tf.square(offset)
+        return dev_sum + count * offset, dev_sq_sum + 2.0 * offset * dev_sum + count * tf.square(offset)
 
     def _global_moments(self, x, shift):
         """Global count, mean and biased variance over all ranks' batches: one float64 allreduce.
@@ -268,7 +268,7 @@ class SyncBatchNormalization(tf.keras.layers.Layer):
             variance are 0 when the global count is 0.
         """
         local_count = tf.cast(tf.size(x, out_type=tf.int64) // self._channels, tf.float64)
-        shifted_sum, shifted_sq_sum = self._local_shifted_sums(x, shift)
+        shifted_sum, shifted_sq_sum = self._local_shifted_sums(x, shift, local_count)
         packed = tf.concat([[local_count], shifted_sum, shifted_sq_sum], 0)
         if _world_size() > 1:
             packed = _allreduce_sum(packed)  # the layer's one forward collective

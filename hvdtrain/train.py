@@ -23,6 +23,15 @@ from hvdtrain.sharding import ShardPlan, eval_shard
 from hvdtrain.watchdog import Watchdog
 
 
+def _loss_and_sums(logits: tf.Tensor, labels: tf.Tensor):
+    """Per-example cross-entropy ``(b,)`` and this batch's float64 ``[loss sum, correct, count]``."""
+    per_example = tf.keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True)
+    correct = tf.equal(tf.argmax(logits, 1, output_type=tf.int32), labels)
+    sums = tf.stack([tf.reduce_sum(tf.cast(per_example, tf.float64)), tf.reduce_sum(tf.cast(correct, tf.float64)),
+                     tf.cast(tf.size(labels), tf.float64)])
+    return per_example, sums
+
+
 def _to_model_input(images: tf.Tensor) -> tf.Tensor:
     """uint8 pixels -> float32 in [0, 1]; float data passes through as float32."""
     if images.dtype == tf.uint8:
@@ -82,7 +91,7 @@ class Trainer:
             labels = tf.gather(self.y_train, indices)
             with tf.GradientTape() as tape:
                 logits = model(images, training=True)
-                per_example = tf.keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True)
+                per_example, sums = _loss_and_sums(logits, labels)
                 # Sum over the local batch scaled by world_size / global_count: Horovod averages the
                 # ranks' gradients, so the result is the gradient of the mean loss over the global
                 # batch, exact even when local batches differ in size (the last step of an epoch).
@@ -91,9 +100,7 @@ class Trainer:
                     loss += tf.add_n(model.losses)
             # Allreduce (average) of the gradients happens in the wrapped compute_gradients.
             optimizer.apply_gradients(optimizer.compute_gradients(loss, model.trainable_variables, tape=tape))
-            correct = tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, 1, output_type=tf.int32), labels), tf.float64))
-            self._sums.assign_add(tf.stack([tf.reduce_sum(tf.cast(per_example, tf.float64)), correct,
-                                            tf.cast(tf.size(labels), tf.float64)]))
+            self._sums.assign_add(sums)
 
         return train_step
 
@@ -104,11 +111,7 @@ class Trainer:
         def eval_step(start, end):
             images = _to_model_input(self.x_test[start:end])
             labels = self.y_test[start:end]
-            logits = model(images, training=False)
-            loss = tf.keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True)
-            correct = tf.cast(tf.equal(tf.argmax(logits, 1, output_type=tf.int32), labels), tf.float64)
-            return tf.stack([tf.reduce_sum(tf.cast(loss, tf.float64)), tf.reduce_sum(correct),
-                             tf.cast(tf.size(labels), tf.float64)])
+            return _loss_and_sums(model(images, training=False), labels)[1]
 
         return eval_step
 
