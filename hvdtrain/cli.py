@@ -145,10 +145,19 @@ def _quiet_exit() -> int:
     return EXIT_ERROR
 
 
+_PEER_LOSS_SIGNS = (
+    "HorovodInternalError",            # Horovod's own exception type
+    "Horovod has been shut down",      # a collective issued after the background loop stopped
+    "gloo/transport",                  # Gloo's TCP pair saw the peer's socket close or reset
+    "Connection reset by peer",
+    "Connection closed by peer",
+)
+
+
 def _is_peer_loss(error: BaseException) -> bool:
-    """True for the errors a rank sees when another rank dies: Horovod shut down under it."""
+    """True for the errors a rank sees when another rank dies mid-collective."""
     text = f"{type(error).__name__}: {error}"
-    return "HorovodInternalError" in text or "Horovod has been shut down" in text
+    return any(sign in text for sign in _PEER_LOSS_SIGNS)
 
 
 if __name__ == "__main__":

@@ -156,3 +156,15 @@ def test_resume_mid_epoch_is_exact(tmp_path):
     for m_whole, m_resumed in zip(metrics(whole), metrics(crashed)):
         for key in ("epoch", "train_loss", "train_accuracy", "test_loss", "test_accuracy"):
             assert m_resumed[key] == pytest.approx(m_whole[key], rel=1e-6), key
+
+
+@pytest.mark.parametrize("message, lost", [
+    ("Horovod has been shut down. This was caused by an exception on one of the ranks", True),
+    ("[third_party/gloo/gloo/transport/tcp/pair.cc:589] Read error [127.0.0.1]:37265: Connection reset by peer", True),
+    ("Incompatible shapes: [4,3] vs. [4,2]", False),
+])
+def test_peer_loss_is_recognised_whichever_error_surfaces_first(message, lost):
+    """A dead peer shows up as Horovod's shutdown or as Gloo's socket error, depending on timing."""
+    from hvdtrain.cli import _is_peer_loss
+
+    assert _is_peer_loss(RuntimeError(message)) is lost
