@@ -166,6 +166,29 @@ def _cpu_share(local_rank: int, local_size: int) -> tuple:
     return tuple(available[local_rank * per_rank:(local_rank + 1) * per_rank])
 
 
+def _thread_ids() -> set:
+    return {int(t) for t in os.listdir("/proc/self/task")} if os.path.isdir("/proc/self/task") else set()
+
+
+def _yield_to_compute(thread_ids) -> None:
+    """Run Horovod's own threads (its background loop, MPI's and Gloo's helpers) at nice 19.
+
+    They share a CPU rank's cores with TensorFlow's compute threads. Horovod's loop wakes every
+    ``HOROVOD_CYCLE_TIME`` (0.1 ms here) to coordinate, even with nothing to do, and under MPI it
+    busy-polls while waiting for a peer; at normal priority both preempt the compute. At nice 19
+    they still run at once whenever the compute waits for them (an allreduce result), and take
+    little CPU while it computes. Measured (benchmarks/scaling.py, seed CNN, one core per rank):
+    np=1 2,520 -> 2,900 img/s; np=2 over MPI 3,320 -> 5,290 img/s. Not under Gloo: its
+    TCP transport needs the loop's prompt answers, and np=2 lost 5%. Best effort: a thread that
+    cannot be reniced is left as it is.
+    """
+    for tid in thread_ids:
+        try:
+            os.setpriority(os.PRIO_PROCESS, tid, 19)
+        except OSError:
+            pass
+
+
 def init_distributed(threads: int = 0, use_gpu: bool = True, stall_timeout: float = 0.0) -> DistContext:
     """Start Horovod and pin this process to its own GPU (or its own CPU cores).
 
@@ -197,7 +220,12 @@ def init_distributed(threads: int = 0, use_gpu: bool = True, stall_timeout: floa
     configure_horovod_stall_check(stall_timeout)
 
     # Init: starts the background thread that negotiates and runs collectives (Gloo or MPI).
+    threads_before = _thread_ids()
     hvd.init()
+    # On a CPU rank under MPI (or alone), Horovod's threads yield the cores to the compute.
+    on_gpu = bool(use_gpu and tf.config.list_physical_devices("GPU"))
+    if hvd.size() == 1 or (hvd.mpi_enabled() and not on_gpu):
+        _yield_to_compute(_thread_ids() - threads_before)
     rank, local_rank, local_size = hvd.rank(), hvd.local_rank(), hvd.local_size()
 
     # Pin: each process sees exactly one GPU, the one at its local rank, so it neither computes on

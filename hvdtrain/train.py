@@ -24,7 +24,11 @@ from hvdtrain.watchdog import Watchdog
 
 
 def _loss_and_sums(logits: tf.Tensor, labels: tf.Tensor):
-    """Per-example cross-entropy ``(b,)`` and this batch's float64 ``[loss sum, correct, count]``."""
+    """Per-example cross-entropy ``(b,)`` and this batch's float64 ``[loss sum, correct, count]``.
+
+    Logits of any float dtype (bfloat16/float16 under a mixed-precision policy) are taken to float32.
+    """
+    logits = tf.cast(logits, tf.float32)
     per_example = tf.keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True)
     correct = tf.equal(tf.argmax(logits, 1, output_type=tf.int32), labels)
     sums = tf.stack([tf.reduce_sum(tf.cast(per_example, tf.float64)), tf.reduce_sum(tf.cast(correct, tf.float64)),

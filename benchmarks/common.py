@@ -1,0 +1,215 @@
+"""Shared by the benchmark scripts: launching ranks, timing statistics, memory, tables and plots.
+
+A benchmark script is both the *driver* (run once by the user: launches jobs, alternates variants,
+prints the table, writes the plot) and, with ``--worker``, the *worker* that every rank of a
+launched job runs. Workers hand their figures back through a JSON file written by rank 0.
+"""
+from __future__ import annotations
+
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+FASHION_MNIST = "/usr/share/datasets/fashion-mnist"
+# Rows of the Horovod synthetic benchmark's method: warm-up batches excluded, then timed
+# iterations of several batches each; throughput = mean over iterations +- 1.96 standard deviations.
+Z95 = 1.96
+
+
+def mean_ci(samples: Sequence[float]) -> tuple:
+    """``(mean, half-width of the 95% interval)`` of per-iteration samples, as Horovod's
+    ``tensorflow2_synthetic_benchmark.py`` reports them (mean +- 1.96 standard deviations)."""
+    x = np.asarray(samples, dtype=np.float64)
+    return float(x.mean()), float(Z95 * x.std())
+
+
+def peak_rss_mib() -> float:
+    """This process's peak resident memory so far, MiB (``getrusage`` ``ru_maxrss``, KiB on Linux)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def env_for_ranks(extra: Optional[dict] = None) -> dict:
+    """Environment for launched ranks: this venv first on PATH, hvdtrain importable, CPU only."""
+    env = dict(os.environ)
+    env.update({
+        "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "benchmarks"), env.get("PYTHONPATH", "")]),
+        "PATH": os.pathsep.join([str(BIN), env.get("PATH", "")]),
+        "TF_CPP_MIN_LOG_LEVEL": "2",
+        "PYTHONUNBUFFERED": "1",
+        "OMPI_ALLOW_RUN_AS_ROOT": "1",
+        "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+        "OMPI_MCA_btl_vader_single_copy_mechanism": "none",
+    })
+    env.update(extra or {})
+    return env
+
+
+def launch_command(np_: int, argv: List[str], transport: str = "gloo") -> List[str]:
+    """``np_`` ranks of ``python argv``: ``gloo`` (horovodrun --gloo), ``mpi`` (mpirun), or ``single``."""
+    python = [sys.executable, *argv]
+    if transport == "gloo":
+        return [str(BIN / "horovodrun"), "-np", str(np_), "-H", f"localhost:{np_}", "--gloo", *python]
+    if transport == "mpi":
+        return ["mpirun", "--allow-run-as-root", "--oversubscribe", "-bind-to", "none", "-np", str(np_), *python]
+    if transport == "single" and np_ == 1:
+        return python
+    raise ValueError(f"transport {transport!r} with np={np_}: expected gloo, mpi, or single with np=1")
+
+
+def cores_for(np_: int) -> List[int]:
+    """The first ``np_`` cores this process may use: on CPU, np ranks get np cores (one each)."""
+    cores = sorted(os.sched_getaffinity(0))
+    if np_ > len(cores):
+        raise SystemExit(f"np={np_} needs {np_} cores (one per rank), this machine gives {len(cores)}")
+    return cores[:np_]
+
+
+def run_job(np_: int, script: str, args: List[str], transport: str = "gloo", cores: Optional[List[int]] = None,
+            env: Optional[dict] = None, timeout: float = 1800, stream: bool = False) -> dict:
+    """Run ``script --worker args`` on ``np_`` ranks and return rank 0's JSON result.
+
+    ``cores`` restricts the whole job (launcher and ranks) to those CPU cores; hvdtrain's pinning
+    then splits them among the local ranks. ``stream`` prints the job's standard output.
+
+    Raises:
+        SystemExit: with the job's output if it fails.
+    """
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "result.json")
+        cmd = launch_command(np_, [script, "--worker", "--result", out, *args], transport)
+        if cores is not None:
+            cmd = ["taskset", "-c", ",".join(map(str, cores)), *cmd]
+        proc = subprocess.run(cmd, cwd=REPO, env=env_for_ranks(env), capture_output=True, text=True,
+                              timeout=timeout)
+        if proc.returncode != 0 or not os.path.exists(out):
+            raise SystemExit(f"benchmark job failed ({' '.join(cmd)}), exit {proc.returncode}:\n"
+                             f"{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
+        if stream:
+            print("\n".join(line.split("]<stdout>:", 1)[-1] for line in proc.stdout.splitlines()), flush=True)
+        with open(out) as f:
+            return json.load(f)
+
+
+def gather_rss(ctx) -> List[float]:
+    """Every rank's peak RSS in MiB, in rank order (a collective)."""
+    rss = np.zeros(ctx.size)
+    rss[ctx.rank] = peak_rss_mib()
+    return ctx.allreduce_sum(rss, name="bench.rss").tolist()
+
+
+def write_result(path: Optional[str], result: dict) -> None:
+    """Rank 0 writes the worker's result for the driver."""
+    if path:
+        with open(path, "w") as f:
+            json.dump(result, f)
+
+
+def print_table(headers: List[str], rows: List[List], title: str = "") -> str:
+    """Print (and return) a Markdown table, so it can be pasted into ``benchmarks/README.md``."""
+    def cell(v):
+        return f"{v:.3f}" if isinstance(v, float) and abs(v) < 10 else (f"{v:,.1f}" if isinstance(v, float) else str(v))
+
+    lines = ([f"\n{title}\n"] if title else []) + [
+        "| " + " | ".join(headers) + " |", "| " + " | ".join("---" for _ in headers) + " |",
+        *("| " + " | ".join(cell(v) for v in row) + " |" for row in rows)]
+    text = "\n".join(lines)
+    print(text, flush=True)
+    return text
+
+
+def save_plot(fig, path: str) -> None:
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(path, dpi=110)
+    print(f"plot: {path}", flush=True)
+
+
+def matplotlib_pyplot():
+    """pyplot on the headless Agg backend."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def summary(samples: Dict[str, List[float]]) -> Dict[str, tuple]:
+    return {k: mean_ci(v) for k, v in samples.items()}
+
+
+# ---- hvdtrain's real training step, as the benchmarks time it --------------------------------------
+IMAGE_SHAPES = {"cnn": (28, 28, 1), "resnet20": (32, 32, 3), "resnet50": (224, 224, 3)}
+
+
+def bench_dataset(model: str, batch_size: int, world_size: int, real_data: bool = True):
+    """The benchmark data of ``model``: real Fashion-MNIST for the seed CNN (when ``real_data``),
+    else synthetic images of the model's input shape, a few global batches' worth."""
+    from hvdtrain.data import load_idx_dir, make_synthetic
+
+    if model == "cnn" and real_data:
+        return load_idx_dir(FASHION_MNIST)
+    classes = 1000 if model == "resnet50" else 10
+    return make_synthetic(num_train=batch_size * world_size * 8, num_test=10, image_shape=IMAGE_SHAPES[model],
+                          num_classes=classes)
+
+
+def build_bench_model(model: str, dataset, sync_bn: bool = True, norm=None):
+    """The seed CNN (dropout kept), ResNet-20, or Keras' ResNet-50 (per-rank BN, logits out)."""
+    import tensorflow as tf
+    from hvdtrain.models import norm_factory, resnet20, seed_cnn
+
+    norm = norm or norm_factory(sync_bn)
+    if model == "cnn":
+        return seed_cnn(dataset.input_shape, dataset.num_classes, norm=norm)
+    if model == "resnet20":
+        return resnet20(dataset.input_shape, dataset.num_classes, norm=norm)
+    if model == "resnet50":
+        return tf.keras.applications.ResNet50(weights=None, input_shape=dataset.input_shape,
+                                              classes=dataset.num_classes, classifier_activation=None)
+    raise SystemExit(f"unknown benchmark model {model!r}; one of {sorted(IMAGE_SHAPES)}")
+
+
+def hvdtrain_stepper(ctx, model, dataset, batch_size: int):
+    """hvdtrain's :class:`~hvdtrain.train.Trainer` for ``model``, and ``run(n)`` that makes ``n``
+    training steps exactly as ``Trainer.fit`` does (shard plan, compiled step) and waits for them."""
+    import numpy as np
+    from hvdtrain.config import OptimConfig
+    from hvdtrain.optim import build_optimizer
+    from hvdtrain.sharding import ShardPlan
+    from hvdtrain.train import Trainer, broadcast_state
+
+    plan = ShardPlan(len(dataset.y_train), batch_size, ctx.size, ctx.rank)
+    import tensorflow as tf
+
+    with tf.device(ctx.device):
+        optimizer, _ = build_optimizer(OptimConfig(warmup_epochs=0), ctx.size, plan.steps_per_epoch, 100)
+        optimizer.build(model.trainable_variables)
+    broadcast_state(ctx, model, optimizer)
+    trainer = Trainer(ctx, model, optimizer, dataset, plan)
+
+    def batches():
+        epoch = 0
+        while True:
+            for _, indices, count in plan.epoch(epoch):
+                if len(indices) == batch_size:  # full batches only: every step times the same work
+                    yield indices, np.float32(count)
+            epoch += 1
+
+    stream = batches()
+
+    def run(n: int) -> None:
+        for _ in range(n):
+            trainer.train_step(*next(stream))
+        trainer._sums.numpy()  # the last step has finished
+
+    return trainer, run

@@ -1,0 +1,116 @@
+"""Training throughput and scaling efficiency of hvdtrain for np = 1 ... N ranks.
+
+    .venv/bin/python benchmarks/scaling.py                       # CPU: seed CNN + ResNet-20, np = 1..cores
+    .venv/bin/python benchmarks/scaling.py --models resnet50 --gpu --mixed-precision --max-np 1
+
+For each model and each np, launches a job of np ranks (``horovodrun --gloo`` or ``mpirun``) that
+times hvdtrain's real training step the way Horovod's ``tensorflow2_synthetic_benchmark.py`` does:
+warm-up batches excluded, then ``--iters`` timed iterations of ``--batches-per-iter`` steps each;
+images/s per rank is the mean over iterations +- 1.96 standard deviations, and the total is np times
+that. Scaling efficiency = total(np) / (np * total(1)). On CPU the job of np ranks is confined to np
+cores, one per rank (hvdtrain pins each rank to its share), so every np gets the same compute per
+rank. Models: the seed CNN on real Fashion-MNIST, ResNet-20 on 32x32 synthetic data, ResNet-50 on
+224x224 synthetic data (for GPUs). Prints a Markdown table and writes a PNG plot.
+"""
+import argparse
+import os
+import sys
+import time
+
+import common
+
+
+def worker(a) -> None:
+    from hvdtrain.dist import init_distributed
+
+    ctx = init_distributed(threads=a.threads, use_gpu=a.gpu)
+    import tensorflow as tf
+
+    if a.mixed_precision:
+        tf.keras.mixed_precision.set_global_policy("mixed_bfloat16")
+    dataset = common.bench_dataset(a.model, a.batch_size, ctx.size)
+    tf.keras.utils.set_random_seed(0)
+    with tf.device(ctx.device):
+        model = common.build_bench_model(a.model, dataset, sync_bn=not a.no_sync_bn)
+    _, run = common.hvdtrain_stepper(ctx, model, dataset, a.batch_size)
+    run(a.warmup_batches)
+    img_secs = []
+    for _ in range(a.iters):
+        start = time.perf_counter()
+        run(a.batches_per_iter)
+        img_secs.append(a.batch_size * a.batches_per_iter / (time.perf_counter() - start))
+    # Every rank's mean, so the per-rank figure is not rank 0's alone.
+    per_rank = ctx.allreduce_sum([common.mean_ci(img_secs)[0]], "bench.per_rank")[0] / ctx.size
+    mean, ci = common.mean_ci(img_secs)
+    rss = common.gather_rss(ctx)
+    if ctx.is_chief:
+        common.write_result(a.result, {"np": ctx.size, "per_rank": per_rank, "ci": ci, "rank0_mean": mean,
+                                       "total": per_rank * ctx.size, "total_ci": ci * ctx.size,
+                                       "threads": ctx.intra_op_threads, "device": ctx.device, "rss_mib": rss})
+    ctx.close()
+
+
+def driver(a) -> None:
+    max_np = a.max_np or (1 if a.gpu else len(os.sched_getaffinity(0)))
+    nps = list(range(1, max_np + 1))
+    results = {}
+    for model in a.models:
+        for np_ in nps:
+            args = ["--model", model, "--batch-size", str(a.batch_size), "--iters", str(a.iters),
+                    "--batches-per-iter", str(a.batches_per_iter), "--warmup-batches", str(a.warmup_batches),
+                    "--threads", str(a.threads)] + (["--gpu"] if a.gpu else []) + (
+                    ["--mixed-precision"] if a.mixed_precision else []) + (["--no-sync-bn"] if a.no_sync_bn else [])
+            cores = None if a.gpu else common.cores_for(np_ * max(1, a.threads))
+            transport = "single" if np_ == 1 and a.transport == "gloo" else a.transport
+            r = common.run_job(np_, __file__, args, transport, cores=cores)
+            results[(model, np_)] = r
+            print(f"{model} np={np_}: {r['per_rank']:.1f} img/s per rank, total {r['total']:.1f} "
+                  f"+-{r['total_ci']:.1f}", flush=True)
+    rows = []
+    for model in a.models:
+        base = results[(model, 1)]["total"]
+        for np_ in nps:
+            r = results[(model, np_)]
+            rows.append([model, np_, f"{r['per_rank']:.1f} +-{r['ci']:.1f}", f"{r['total']:.1f} +-{r['total_ci']:.1f}",
+                         r["total"] / (np_ * base), f"{max(r['rss_mib']):.0f}"])
+    common.print_table(["model", "np", "img/s per rank", "img/s total", "scaling efficiency", "peak RSS/rank MiB"],
+                       rows, title=f"hvdtrain training throughput ({a.transport}, local batch {a.batch_size}, "
+                                   f"{'GPU' if a.gpu else '1 core per rank'})")
+    plt = common.matplotlib_pyplot()
+    fig, axes = plt.subplots(1, len(a.models), figsize=(5 * len(a.models), 4), squeeze=False)
+    for ax, model in zip(axes[0], a.models):
+        totals = [results[(model, n)]["total"] for n in nps]
+        cis = [results[(model, n)]["total_ci"] for n in nps]
+        ax.errorbar(nps, totals, yerr=cis, marker="o", capsize=4, label="hvdtrain")
+        ax.plot(nps, [totals[0] * n for n in nps], "--", color="gray", label="linear")
+        for n, t in zip(nps, totals):
+            ax.annotate(f"{t / (n * totals[0]):.2f}", (n, t), textcoords="offset points", xytext=(6, -12))
+        ax.set(title=f"{model}, local batch {a.batch_size}", xlabel="ranks (np)", ylabel="images/s (total)",
+               xticks=nps)
+        ax.legend()
+    common.save_plot(fig, a.plot)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--models", nargs="+", default=["cnn", "resnet20"], choices=sorted(common.IMAGE_SHAPES))
+    p.add_argument("--model", default="cnn", help=argparse.SUPPRESS)
+    p.add_argument("--max-np", type=int, default=0, help="largest np (default: cores on CPU, 1 on GPU)")
+    p.add_argument("--transport", default="gloo", choices=["gloo", "mpi"])
+    p.add_argument("--batch-size", type=int, default=128, help="local batch per rank")
+    p.add_argument("--warmup-batches", type=int, default=10)
+    p.add_argument("--iters", type=int, default=10)
+    p.add_argument("--batches-per-iter", type=int, default=10)
+    p.add_argument("--threads", type=int, default=1, help="intra-op threads per rank (CPU)")
+    p.add_argument("--gpu", action="store_true", help="one GPU per rank instead of one core per rank")
+    p.add_argument("--mixed-precision", action="store_true", help="mixed_bfloat16 Keras policy")
+    p.add_argument("--no-sync-bn", action="store_true", help="per-rank BatchNorm in the CNN and ResNet-20")
+    p.add_argument("--plot", default=os.path.join(common.REPO, "benchmarks", "figures", "scaling.png"))
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--result", help=argparse.SUPPRESS)
+    a = p.parse_args()
+    worker(a) if a.worker else driver(a)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

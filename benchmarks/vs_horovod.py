@@ -1,0 +1,132 @@
+"""hvdtrain's training step against a plain Horovod + Keras loop, same model, data, batch and ranks.
+
+    .venv/bin/horovodrun -np 2 --gloo .venv/bin/python benchmarks/vs_horovod.py
+    .venv/bin/python benchmarks/vs_horovod.py --launch 2        # the same, launched for you
+
+The plain loop is written as Horovod's ``examples/tensorflow2/tensorflow2_mnist.py`` writes it: a
+``tf.data`` pipeline (``from_tensor_slices`` -> ``shard`` -> ``repeat`` -> ``shuffle(10000)`` ->
+``batch``), a ``tf.function`` step with ``hvd.DistributedGradientTape``, and variables broadcast
+after the first step. Both loops live in the same processes (so they get the same cores and
+threads), train the same seed CNN on Fashion-MNIST with the same SGD, and are timed in alternating
+rounds, so machine noise hits both alike. Two pairs: per-rank BatchNorm in both (the loops alone),
+and synchronized BatchNorm (hvdtrain's layer against Horovod's ``hvd.SyncBatchNormalization``).
+Prints median step times, the ratio hvdtrain / plain, and each rank's peak memory.
+"""
+import argparse
+import functools
+import statistics
+import sys
+import time
+
+import common
+
+
+def plain_horovod_loop(ctx, model, x, y, batch_size: int, lr: float):
+    """Horovod's TF2 example loop; returns ``run(n)``: n steps, waiting for the last."""
+    import horovod.tensorflow as hvd
+    import tensorflow as tf
+
+    dataset = tf.data.Dataset.from_tensor_slices((tf.cast(x / 255.0, tf.float32), tf.cast(y, tf.int64)))
+    dataset = dataset.shard(hvd.size(), hvd.rank()).repeat().shuffle(10000).batch(batch_size)
+    loss = tf.losses.SparseCategoricalCrossentropy(from_logits=True)
+    # Horovod: scale the learning rate by the number of workers.
+    opt = tf.optimizers.SGD(lr * hvd.size(), momentum=0.9)
+
+    @tf.function
+    def training_step(images, labels, first_batch):
+        with tf.GradientTape() as tape:
+            logits = model(images, training=True)
+            loss_value = loss(labels, logits)
+        # Horovod: add Horovod Distributed GradientTape.
+        tape = hvd.DistributedGradientTape(tape)
+        grads = tape.gradient(loss_value, model.trainable_variables)
+        opt.apply_gradients(zip(grads, model.trainable_variables))
+        # Horovod: broadcast initial variable states from rank 0 to all other processes, after
+        # the first step so that the optimizer's slots exist.
+        if first_batch:
+            hvd.broadcast_variables(model.variables, root_rank=0)
+            hvd.broadcast_variables(opt.variables(), root_rank=0)
+        return loss_value
+
+    batches = iter(dataset)
+    state = {"first": True}
+
+    def run(n: int) -> None:
+        loss_value = None
+        for _ in range(n):
+            images, labels = next(batches)
+            loss_value = training_step(images, labels, state["first"])
+            state["first"] = False
+        loss_value.numpy()
+
+    return run
+
+
+def worker(a) -> None:
+    from hvdtrain.dist import init_distributed
+
+    ctx = init_distributed(threads=a.threads)
+    import horovod.tensorflow as hvd
+    import tensorflow as tf
+    from hvdtrain.models import norm_factory
+
+    dataset = common.bench_dataset("cnn", a.batch_size, ctx.size)
+    counter = iter(range(10**6))
+
+    def horovod_sync_bn():  # Horovod's layer names itself identically unless told otherwise
+        return hvd.SyncBatchNormalization(momentum=0.9, name=f"hvd_sync_bn_{next(counter)}")
+
+    pairs = {"per-rank BN": (norm_factory(False), norm_factory(False)),
+             "synchronized BN": (norm_factory(True), horovod_sync_bn)}
+    rows = []
+    for pair, (ours_norm, plain_norm) in pairs.items():
+        tf.keras.utils.set_random_seed(0)
+        ours = common.build_bench_model("cnn", dataset, norm=ours_norm)
+        _, run_ours = common.hvdtrain_stepper(ctx, ours, dataset, a.batch_size)
+        tf.keras.utils.set_random_seed(0)
+        plain = common.build_bench_model("cnn", dataset, norm=plain_norm)
+        run_plain = plain_horovod_loop(ctx, plain, dataset.x_train, dataset.y_train, a.batch_size, lr=0.05)
+        runs = {"hvdtrain": run_ours, "plain": run_plain}
+        for run in runs.values():
+            run(a.warmup)
+        samples = {k: [] for k in runs}
+        for _ in range(a.rounds):
+            for name, run in runs.items():
+                start = time.perf_counter()
+                run(a.steps)
+                samples[name].append((time.perf_counter() - start) / a.steps)
+        medians = {k: statistics.median(v) for k, v in samples.items()}
+        medians = dict(zip(medians, ctx.allreduce_sum(list(medians.values()), "bench.medians") / ctx.size))
+        rows.append([pair, medians["hvdtrain"] * 1e3, medians["plain"] * 1e3, medians["hvdtrain"] / medians["plain"]])
+    rss = common.gather_rss(ctx)
+    if ctx.is_chief:
+        common.print_table(
+            ["model", "hvdtrain ms/step", "plain Horovod ms/step", "hvdtrain / plain"], rows,
+            title=f"seed CNN, Fashion-MNIST, np={ctx.size}, local batch {a.batch_size}, {ctx.intra_op_threads} "
+                  f"thread(s) per rank; median of {a.rounds} alternating rounds of {a.steps} steps")
+        print("peak RSS per rank (MiB, both loops in one process): " + ", ".join(f"{r:.0f}" for r in rss))
+        common.write_result(a.result, {"rows": rows, "rss_mib": rss})
+    ctx.close()
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--launch", type=int, default=0, metavar="NP", help="start NP ranks with horovodrun --gloo")
+    p.add_argument("--batch-size", type=int, default=128, help="local batch per rank")
+    p.add_argument("--rounds", type=int, default=9)
+    p.add_argument("--steps", type=int, default=20, help="steps per loop per round")
+    p.add_argument("--warmup", type=int, default=10)
+    p.add_argument("--threads", type=int, default=0, help="intra-op threads per rank (0: one per core of its share)")
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--result", help=argparse.SUPPRESS)
+    a = p.parse_args()
+    if a.launch:
+        args = [f"--{k.replace('_', '-')}={v}" for k, v in vars(a).items()
+                if k in ("batch_size", "rounds", "steps", "warmup", "threads")]
+        common.run_job(a.launch, __file__, args, "gloo", stream=True)
+    else:
+        worker(a)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
