@@ -13,7 +13,6 @@ and synchronized BatchNorm (hvdtrain's layer against Horovod's ``hvd.SyncBatchNo
 Prints median step times, the ratio hvdtrain / plain, and each rank's peak memory.
 """
 import argparse
-import functools
 import statistics
 import sys
 import time

@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/vs_mwms.py [--np 2] [--rounds 3]
 
-Alternates whole jobs: hvdtrain on np ranks (``horovodrun --gloo``, timed by
+Alternates whole jobs: hvdtrain on np ranks (``mpirun``, or ``--transport gloo``, timed by
 ``benchmarks/scaling.py``'s worker), then np MultiWorkerMirroredStrategy workers on localhost (RING
 collectives over gRPC, a custom training loop over ``distribute_datasets_from_function``, the
 fastest input idiom of TensorFlow's guide). Each process gets one core and one intra-op thread
@@ -131,7 +131,7 @@ def driver(a) -> None:
         rss = {}
         for r in range(a.rounds):
             ours = common.run_job(a.np, scaling, ["--model", "cnn", "--threads", "1", *timing]
-                                  + ([] if sync_bn else ["--no-sync-bn"]), "gloo", cores=common.cores_for(a.np))
+                                  + ([] if sync_bn else ["--no-sync-bn"]), a.transport, cores=common.cores_for(a.np))
             theirs = run_mwms(a, sync_bn)
             totals["hvdtrain"].append(ours["total"])
             totals["MWMS"].append(theirs["total"])
@@ -145,7 +145,7 @@ def driver(a) -> None:
                      f"{rss['hvdtrain']:.0f}", f"{rss['MWMS']:.0f}"])
     common.print_table(["seed CNN", "hvdtrain img/s", "MWMS img/s", "hvdtrain / MWMS", "peak RSS/rank hvdtrain MiB",
                         "peak RSS/worker MWMS MiB"], rows,
-                       title=f"np={a.np} workers, 1 core each, local batch {a.batch_size}, Fashion-MNIST; median of "
+                       title=f"hvdtrain over {a.transport}; np={a.np} workers, 1 core each, local batch {a.batch_size}, Fashion-MNIST; median of "
                              f"{a.rounds} alternating rounds")
     plt = common.matplotlib_pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
@@ -163,6 +163,7 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--np", type=int, default=2, help="workers (ranks), one core each")
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--transport", default="mpi", choices=["mpi", "gloo"], help="hvdtrain's launcher/transport")
     p.add_argument("--batch-size", type=int, default=128, help="local batch per worker")
     p.add_argument("--warmup-batches", type=int, default=10)
     p.add_argument("--iters", type=int, default=10)

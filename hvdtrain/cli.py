@@ -6,13 +6,15 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import traceback
 import time
 from typing import List, Optional
 
 from hvdtrain.config import (DATASETS, LR_SCHEDULES, CheckpointConfig, Config, DataConfig, LogConfig, ModelConfig,
                              OptimConfig, RuntimeConfig)
-from hvdtrain.dist import PeerFailure, launcher_rank
+from hvdtrain.dist import PeerFailure, PeerLost, is_peer_loss, launcher_rank
 from hvdtrain.errors import HvdtrainError
 
 EXIT_ERROR = 2
@@ -126,14 +128,24 @@ def main(argv: Optional[List[str]] = None) -> int:
         return _quiet_exit()
     except PeerFailure:
         return _quiet_exit()
-    except Exception as e:  # noqa: BLE001
-        if not _is_peer_loss(e):
-            raise  # this rank's own failure: its traceback is the message
-        if launcher_rank() != 0:
+    except PeerLost as e:
+        if not e.report:
             return _quiet_exit()
-        print("hvdtrain: error: another rank failed or was lost, so Horovod shut down mid-training. The "
-              "launcher names the rank that failed first; resume from the last checkpoint with --resume.",
-              file=sys.stderr, flush=True)
+        print(f"hvdtrain: error: {e}", file=sys.stderr, flush=True)
+        return EXIT_ERROR
+    except Exception as e:  # noqa: BLE001
+        if getattr(e, "skip_horovod_shutdown", False):
+            # This rank's own failure: its traceback is the message. Exit without Horovod's
+            # shutdown (at exit), which would wait for the peers; they see this rank go at once.
+            traceback.print_exc()
+            sys.stderr.flush()
+            os._exit(EXIT_ERROR)
+        if not is_peer_loss(e):
+            raise
+        if launcher_rank() != 0:  # lost before the watchdog could be asked (start-up)
+            return _quiet_exit()
+        print("hvdtrain: error: another rank failed or was lost, so Horovod shut down. The launcher names the "
+              "rank that failed first.", file=sys.stderr, flush=True)
         return EXIT_ERROR
 
 
@@ -143,21 +155,6 @@ def _quiet_exit() -> int:
     the printing rank before its message is out."""
     time.sleep(QUIET_EXIT_DELAY_S)
     return EXIT_ERROR
-
-
-_PEER_LOSS_SIGNS = (
-    "HorovodInternalError",            # Horovod's own exception type
-    "Horovod has been shut down",      # a collective issued after the background loop stopped
-    "gloo/transport",                  # Gloo's TCP pair saw the peer's socket close or reset
-    "Connection reset by peer",
-    "Connection closed by peer",
-)
-
-
-def _is_peer_loss(error: BaseException) -> bool:
-    """True for the errors a rank sees when another rank dies mid-collective."""
-    text = f"{type(error).__name__}: {error}"
-    return any(sign in text for sign in _PEER_LOSS_SIGNS)
 
 
 if __name__ == "__main__":

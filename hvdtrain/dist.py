@@ -13,7 +13,7 @@ from typing import Callable, Optional, Sequence, TypeVar
 import numpy as np
 
 from hvdtrain.errors import HvdtrainError
-from hvdtrain.watchdog import configure_horovod_stall_check
+from hvdtrain.watchdog import configure_horovod_stall_check, in_collective
 
 T = TypeVar("T")
 
@@ -41,6 +41,34 @@ class PeerFailure(Exception):
     The rank that found it prints the message; the others exit non-zero quietly, so the error
     appears once.
     """
+
+
+class PeerLost(Exception):
+    """A collective failed because another rank failed or its process ended mid-training.
+
+    Attributes:
+        report: whether this rank prints the message (rank 0, unless the failed rank printed its
+            own error; or the lowest surviving rank when rank 0 itself was lost).
+    """
+
+    def __init__(self, message: str, report: bool):
+        super().__init__(message)
+        self.report = report
+
+
+_PEER_LOSS_SIGNS = (
+    "HorovodInternalError",            # Horovod's own exception type
+    "Horovod has been shut down",      # a collective issued after the background loop stopped
+    "gloo/transport",                  # Gloo's TCP pair saw the peer's socket close or reset
+    "Connection reset by peer",
+    "Connection closed by peer",
+)
+
+
+def is_peer_loss(error: BaseException) -> bool:
+    """True for the errors a rank sees when another rank dies mid-collective."""
+    text = f"{type(error).__name__}: {error}"
+    return any(sign in text for sign in _PEER_LOSS_SIGNS)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,7 +118,8 @@ class DistContext:
         local = tf.constant(np.asarray(values, dtype=np.float64))
         if self.size == 1:
             return local.numpy()
-        return hvd.allreduce(local, op=hvd.Sum, name=name).numpy()
+        with in_collective(f"allreduce {name}"):
+            return hvd.allreduce(local, op=hvd.Sum, name=name).numpy()
 
     def broadcast_object(self, obj, name: str):
         """Rank 0's ``obj`` on every rank (a small picklable Python value created by hvdtrain itself)."""
@@ -98,7 +127,8 @@ class DistContext:
             return obj
         import horovod.tensorflow as hvd
 
-        return hvd.broadcast_object(obj, root_rank=0, name=name)
+        with in_collective(f"broadcast {name}"):
+            return hvd.broadcast_object(obj, root_rank=0, name=name)
 
     def agree(self, error: Optional[BaseException], what: str) -> None:
         """Make every rank fail together if any rank hit an error during ``what``.

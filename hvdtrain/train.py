@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import time
 from typing import List, Optional
 
@@ -15,12 +16,12 @@ from hvdtrain import callbacks as cbs
 from hvdtrain.checkpoint import CheckpointManager
 from hvdtrain.config import Config
 from hvdtrain.data import Dataset, load_dataset
-from hvdtrain.dist import DistContext, init_distributed
+from hvdtrain.dist import DistContext, PeerFailure, PeerLost, init_distributed, is_peer_loss
 from hvdtrain.errors import HvdtrainError
 from hvdtrain.models import build_model
 from hvdtrain.optim import build_optimizer
 from hvdtrain.sharding import ShardPlan, eval_shard
-from hvdtrain.watchdog import Watchdog
+from hvdtrain.watchdog import Watchdog, in_collective
 
 
 def _loss_and_sums(logits: tf.Tensor, labels: tf.Tensor):
@@ -177,7 +178,8 @@ class Trainer:
             self._sums.assign(carried if self.ctx.is_chief else np.zeros(3))
             start = time.perf_counter()
             for step, indices, global_count in self.plan.epoch(epoch, first_step=first):
-                self.train_step(indices, np.float32(global_count))
+                with in_collective(f"the allreduces of epoch {epoch + 1}, step {step + 1}"):
+                    self.train_step(indices, np.float32(global_count))
                 self.watchdog.beat(f"epoch {epoch + 1}, step {step + 1}")
                 running = None
                 if (step + 1) % self.log_every == 0:
@@ -273,6 +275,17 @@ def broadcast_state(ctx: DistContext, model: tf.keras.Model, optimizer) -> None:
         hvd.broadcast_variables(model.variables + list(optimizer.variables), root_rank=0)
 
 
+def _peer_lost(ctx: DistContext, watchdog: Watchdog) -> PeerLost:
+    """The error for a collective that failed because a peer went away, naming it when known."""
+    failed, lost = watchdog.lost_peers()
+    if failed:  # that rank printed its own error
+        return PeerLost(f"rank(s) {sorted(failed)} failed: {'; '.join(failed.values())}", report=False)
+    names = ", ".join(map(str, lost)) if lost else "unknown (its process still runs, or no heartbeat reached it)"
+    report = ctx.is_chief or (0 in lost and ctx.rank == 1)
+    return PeerLost(f"rank {names} was lost mid-training (its process ended or became unreachable), so "
+                    f"Horovod shut down on every rank. Resume from the last checkpoint with --resume.", report=report)
+
+
 def run(config: Config) -> dict:
     """Train as configured on this rank; every rank of the job calls it. Returns the final metrics.
 
@@ -287,7 +300,10 @@ def run(config: Config) -> dict:
     try:
         # From here on a rank left waiting for a stalled or unreachable peer -- in a start-up
         # collective or in training -- aborts after --stall-timeout instead of hanging.
-        watchdog.arm("loading data")
+        watchdog.arm("start-up")
+        # Heartbeats to and from rank 0, so that a stall names the rank that stalled.
+        watchdog.connect(ctx)
+        watchdog.beat("loading data")
         # Same seed everywhere; initial weights are broadcast from rank 0 anyway (step 6).
         tf.keras.utils.set_random_seed(config.seed)
 
@@ -325,7 +341,8 @@ def run(config: Config) -> dict:
 
         # 6. Broadcast: every rank starts from rank 0's weights and optimizer state (fresh or restored).
         watchdog.beat("broadcasting the initial state")
-        broadcast_state(ctx, model, optimizer)
+        with in_collective("the broadcast of the initial state"):
+            broadcast_state(ctx, model, optimizer)
 
         # 7. Rank-0 side effects: banner, progress, logs, checkpoints -- the one chief-only block.
         if ctx.is_chief:
@@ -348,8 +365,20 @@ def run(config: Config) -> dict:
         if ctx.is_chief and "train_loss" not in metrics:
             print(f"test loss {metrics['test_loss']:.4f} acc {metrics['test_accuracy']:.4f}", flush=True)
         return metrics
+    except PeerFailure:
+        raise
+    except Exception as e:  # noqa: BLE001
+        if is_peer_loss(e):
+            raise _peer_lost(ctx, watchdog) from e
+        if not isinstance(e, HvdtrainError):  # an error of this rank alone (all ranks raise HvdtrainError together)
+            # The peers learn from the heartbeat that this rank prints its own error, and must not
+            # wait for Horovod's shutdown: it needs every rank, and they are mid-collective.
+            watchdog.report_failure(f"{type(e).__name__}: {e}")
+            e.skip_horovod_shutdown = True
+        raise
     finally:
         watchdog.close()
         for cb in callbacks:
             cb.close()
-        ctx.close()
+        if not getattr(sys.exc_info()[1], "skip_horovod_shutdown", False):
+            ctx.close()

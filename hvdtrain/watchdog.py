@@ -1,21 +1,31 @@
-"""Stall watchdog: a rank that makes no progress for too long aborts instead of hanging forever.
+"""Stall watchdog: a rank that makes no progress for too long aborts, naming the rank that stalled.
 
 A collective waits for every rank. If one rank is frozen (``kill -STOP``, stuck reading data), lost
 without its connections closing (a cut network link), or skipped a collective, the others wait
 in it indefinitely: Gloo has timeouts, MPI's TCP transport has none. The trainer calls
-:meth:`Watchdog.beat` after every step; if no beat comes for ``timeout`` seconds, the watchdog
-prints where the rank is stuck and ends the process with exit status 3, so the launcher (which ends
-the job when a rank fails) and every other rank stop too.
+:meth:`Watchdog.beat` after every step, and code that enters a collective says so with
+:func:`in_collective`; if no beat comes for ``timeout`` seconds, the watchdog prints where the job
+is stuck and ends the process with exit status 3, so the launcher (which ends the job when a rank
+fails) and every other rank stop too.
 
-Horovod's own stall inspector is set to warn at half the timeout; on the coordinator (rank 0) it
-names the ranks that have not submitted the awaited collective.
+Which rank stalled: once connected (:meth:`Watchdog.connect`), every rank's watchdog thread sends
+rank 0 a UDP heartbeat each second -- its progress and the collective it is in, if any -- and
+rank 0 sends its own to every rank. The heartbeats come from a thread of their own, so they go on
+while the main thread waits in a collective, and stop only when the whole process is frozen,
+killed or cut off. On a timeout, rank 0 names the ranks whose heartbeats stopped and the ranks
+stuck outside any collective (e.g. reading data); the other ranks leave the message to rank 0
+(or report rank 0 itself, if its heartbeats stopped). Horovod's own stall inspector is set to warn
+at half the timeout, when its coordinator can still run.
 """
 from __future__ import annotations
 
+import contextlib
 import os
+import socket
 import sys
 import threading
 import time
+from typing import Dict, List, Optional, Tuple
 
 EXIT_STALLED = 3
 
@@ -26,21 +36,81 @@ def configure_horovod_stall_check(timeout_s: float) -> None:
         os.environ.setdefault("HOROVOD_STALL_CHECK_TIME_SECONDS", str(max(1, int(timeout_s // 2))))
 
 
+_collective: Optional[str] = None  # the collective the main thread is in, if any
+
+
+@contextlib.contextmanager
+def in_collective(name: str):
+    """Mark the enclosed code as waiting in the collective ``name`` (reported if the job stalls)."""
+    global _collective
+    outer, _collective = _collective, name
+    try:
+        yield
+    finally:
+        _collective = outer
+
+
+_FAILED = "FAILED: "
+
+
+def _host_id() -> str:
+    """Identifies this machine (its kernel's boot id), whatever its hostname says."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return socket.gethostname()
+
+
+def _process_alive(pid: int) -> bool:
+    """Whether process ``pid`` of this host still runs (a zombie, ended but not yet reaped, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except (OSError, IndexError):
+        return False
+
+
+def _ipv4_addresses() -> list:
+    """This host's IPv4 addresses, loopback first (where heartbeats to this rank may arrive)."""
+    addresses = ["127.0.0.1"]
+    try:
+        import psutil
+
+        for infos in psutil.net_if_addrs().values():
+            addresses += [i.address for i in infos if i.family == socket.AF_INET and i.address not in addresses]
+    except ImportError:
+        pass
+    return addresses
+
+
 class Watchdog:
     """Ends the process if :meth:`beat` is not called for ``timeout_s`` seconds while armed.
 
     Args:
         rank: this process's rank (for the message).
         timeout_s: seconds without progress before aborting; 0 disables the watchdog.
-        poll_s: how often the watchdog thread checks.
+        poll_s: how often the watchdog thread checks and sends its heartbeat, seconds.
     """
+
+    # A rank whose heartbeats stopped this long ago is frozen, killed or unreachable (seconds).
+    SILENT_AFTER_S = 5.0
+    # A non-chief rank that timed out waits this long for rank 0's message before printing its own.
+    DEFER_TO_CHIEF_S = 5.0
 
     def __init__(self, rank: int, timeout_s: float, poll_s: float = 1.0):
         self.rank, self.timeout_s, self.poll_s = rank, float(timeout_s), poll_s
+        self.size = 1
         self._last = time.monotonic()
         self._where = "starting"
         self._stop = threading.Event()
         self._thread = None
+        self._sock: Optional[socket.socket] = None
+        self._targets: list = []
+        self._token = ""
+        self._heard: Dict[int, Tuple[float, str, str]] = {}  # rank -> (when heard, last progress, collective)
+        self._local_pids: Dict[int, int] = {}
+        self._failed = ""
 
     def arm(self, where: str) -> None:
         """Start watching (idempotent); ``where`` says what the rank is doing now."""
@@ -48,6 +118,32 @@ class Watchdog:
         if self.timeout_s > 0 and self._thread is None:
             self._thread = threading.Thread(target=self._watch, name="hvdtrain-watchdog", daemon=True)
             self._thread.start()
+
+    def connect(self, ctx) -> None:
+        """Exchange heartbeat addresses with the other ranks (a collective; once, after start-up).
+
+        Every rank binds a UDP socket on all interfaces; rank 0 learns every rank's addresses and
+        port, the others rank 0's. A random token, the same on all ranks, keeps other jobs' packets out.
+        """
+        if self.timeout_s <= 0 or ctx.size == 1:
+            return
+        import horovod.tensorflow as hvd
+
+        sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        sock.bind(("0.0.0.0", 0))
+        sock.setblocking(False)
+        with in_collective("exchanging heartbeat addresses (allgather)"):
+            everyone = hvd.allgather_object({"port": sock.getsockname()[1], "addrs": _ipv4_addresses(),
+                                             "host": _host_id(), "pid": os.getpid()},
+                                            name="hvdtrain.watchdog.addresses")
+            token = ctx.broadcast_object(os.urandom(8).hex(), name="hvdtrain.watchdog.token")
+        peers = range(1, ctx.size) if ctx.is_chief else [0]
+        self._targets = [(addr, everyone[r]["port"]) for r in peers for addr in everyone[r]["addrs"]]
+        self.size, self._token, self._sock = ctx.size, token, sock
+        now = time.monotonic()
+        self._heard = {r: (now, "start-up", "") for r in peers}
+        # Peers on this host, by pid: whether such a peer's process has ended is known at once.
+        self._local_pids = {r: everyone[r]["pid"] for r in peers if everyone[r]["host"] == _host_id()}
 
     def beat(self, where: str) -> None:
         """Record progress; ``where`` (e.g. ``"epoch 2, step 17"``) is reported if the next beat never comes."""
@@ -57,15 +153,92 @@ class Watchdog:
     def close(self) -> None:
         """Stop watching (call in ``finally``)."""
         self._stop.set()
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+
+    # ---- after a peer was lost ------------------------------------------------------------------
+    def report_failure(self, summary: str) -> None:
+        """Tell the peers this rank is failing with its own error (it prints it; they need not)."""
+        self._failed = summary
+        self._exchange()
+
+    def lost_peers(self, wait_s: float = 2.5) -> Tuple[Dict[int, str], List[int]]:
+        """After a collective failed because a peer went away: ``(failed, lost)``.
+
+        ``failed`` maps the peers that reported an error of their own to its summary; ``lost``
+        lists the peers whose process has ended (known at once on this host) or whose heartbeats
+        stopped (``wait_s`` seconds of silence, for other hosts). Rank 0 knows of every rank, the
+        other ranks of rank 0 only.
+        """
+        deadline = time.monotonic() + wait_s
+        while True:
+            self._exchange()
+            now = time.monotonic()
+            failed = {r: collective[len(_FAILED):] for r, (_, _, collective) in self._heard.items()
+                      if collective.startswith(_FAILED)}
+            lost = sorted(r for r, (heard, _, _) in self._heard.items()
+                          if r not in failed and (not _process_alive(self._local_pids[r]) if r in self._local_pids
+                                                  else now - heard > wait_s))
+            if failed or lost or now >= deadline or not self._heard:
+                return failed, lost
+            time.sleep(0.1)
+
+    # ---- the watchdog thread ----------------------------------------------------------------------
+    def _exchange(self) -> None:
+        """Send this rank's heartbeat and take in the ones that arrived."""
+        sock = self._sock
+        if sock is None:
+            return
+        state = _FAILED + self._failed if self._failed else (_collective or "")
+        message = "\t".join([self._token, str(self.rank), self._where, state]).encode()[:1400]
+        for target in self._targets:
+            try:
+                sock.sendto(message, target)
+            except OSError:  # an address of a peer this host cannot reach
+                pass
+        while True:
+            try:
+                data = sock.recv(4096)
+            except (BlockingIOError, OSError):
+                return
+            fields = data.decode(errors="replace").split("\t")
+            if len(fields) == 4 and fields[0] == self._token and fields[1].isdigit():
+                self._heard[int(fields[1])] = (time.monotonic(), fields[2], fields[3])
+
+    def _diagnosis(self) -> str:
+        """Which ranks stalled, from the heartbeats: silent ones, and ones stuck outside a collective."""
+        now = time.monotonic()
+        culprits = [f"rank {r} sent no heartbeat for {now - heard:.0f} s (frozen, killed or unreachable; its last "
+                    f"reported progress: {where})" for r, (heard, where, _) in sorted(self._heard.items())
+                    if now - heard > self.SILENT_AFTER_S]
+        if _collective is None:
+            culprits.insert(0, f"rank {self.rank} (this rank) is stuck outside any collective after {self._where}")
+        culprits += [f"rank {r} is stuck outside any collective after {where}"
+                     for r, (heard, where, collective) in sorted(self._heard.items())
+                     if now - heard <= self.SILENT_AFTER_S and not collective and self.rank == 0]
+        if culprits:
+            return "; ".join(culprits)
+        return "no rank identified (every rank that reports is waiting in a collective: one may have skipped it)"
 
     def _watch(self) -> None:
         while not self._stop.wait(self.poll_s):
+            self._exchange()
             idle = time.monotonic() - self._last
-            if idle > self.timeout_s:
-                sys.stderr.write(
-                    f"hvdtrain: error: rank {self.rank} made no progress for {idle:.0f} s after {self._where}: "
-                    f"it is waiting in a collective for a rank that is stalled, lost or unreachable "
-                    f"(Horovod's stall warnings on rank 0 name the missing ranks). Aborting; resume from the "
-                    f"last checkpoint with --resume.\n")
-                sys.stderr.flush()
-                os._exit(EXIT_STALLED)
+            if idle <= self.timeout_s:
+                continue
+            if self.rank != 0 and self._chief_alive():
+                # Rank 0 hears every rank's heartbeat, times out too and prints the diagnosis once;
+                # when it exits, the launcher ends this rank. Print only if that does not happen.
+                self._stop.wait(self.DEFER_TO_CHIEF_S)
+                idle = time.monotonic() - self._last
+            waiting = f", waiting in {_collective}" if _collective else ""
+            sys.stderr.write(
+                f"hvdtrain: error: rank {self.rank} made no progress for {idle:.0f} s after {self._where}{waiting}. "
+                f"Stalled: {self._diagnosis()}. Aborting every rank; resume from the last checkpoint with "
+                f"--resume.\n")
+            sys.stderr.flush()
+            os._exit(EXIT_STALLED)
+
+    def _chief_alive(self) -> bool:
+        return 0 in self._heard and time.monotonic() - self._heard[0][0] <= self.SILENT_AFTER_S

@@ -62,3 +62,46 @@ def diverges_after_120_steps(input_shape, num_classes):
     """The MLP, whose outputs turn NaN from the 121st training step on."""
     model = mlp(input_shape, num_classes)
     return tf.keras.Sequential([model, _PoisonAfter(120)], name="test_diverging")
+
+
+def _launcher_rank():
+    from hvdtrain.dist import launcher_rank
+
+    return launcher_rank()
+
+
+class _FailOnRank1After(tf.keras.layers.Layer):
+    """Identity, except that rank 1's 31st training call fails (an error in one rank's data).
+
+    The graph is the same on every rank (Horovod matches collectives by name); only the data differ.
+    """
+
+    def __init__(self, calls, rank, **kwargs):
+        super().__init__(**kwargs)
+        self.limit, self.rank = calls, rank
+
+    def build(self, input_shape):
+        self.calls = self.add_weight(name="calls", shape=(), dtype=tf.int64, initializer="zeros", trainable=False)
+
+    def call(self, x, training=None):
+        if not training:
+            return x
+        self.calls.assign_add(1)
+        fine = tf.logical_or(tf.constant(self.rank != 1), self.calls <= self.limit)
+        with tf.control_dependencies([tf.debugging.Assert(fine, ["corrupt record in the shard of rank 1"])]):
+            return tf.identity(x)
+
+
+def fails_on_rank_1_mid_training(input_shape, num_classes):
+    """The MLP; rank 1 raises InvalidArgumentError at its 31st training step, the others never."""
+    return tf.keras.Sequential([mlp(input_shape, num_classes), _FailOnRank1After(30, _launcher_rank())],
+                               name="test_fails_on_rank_1")
+
+
+def hangs_on_rank_1(input_shape, num_classes):
+    """Rank 1 never returns from building the model (as if stuck reading data); the others do."""
+    if _launcher_rank() == 1:
+        import time
+
+        time.sleep(10**6)
+    return mlp(input_shape, num_classes)

@@ -165,6 +165,6 @@ def test_resume_mid_epoch_is_exact(tmp_path):
 ])
 def test_peer_loss_is_recognised_whichever_error_surfaces_first(message, lost):
     """A dead peer shows up as Horovod's shutdown or as Gloo's socket error, depending on timing."""
-    from hvdtrain.cli import _is_peer_loss
+    from hvdtrain.dist import is_peer_loss
 
-    assert _is_peer_loss(RuntimeError(message)) is lost
+    assert is_peer_loss(RuntimeError(message)) is lost
