@@ -1,0 +1,147 @@
+"""Bad input, table-driven, with real ranks: one clear message, every rank exits non-zero, promptly,
+and nothing already on disk is touched.
+
+Each case prepares its files under ``tmp_path`` and gives the arguments and the message expected on
+stderr exactly once (printed by rank 0 or by the rank that found the problem).
+"""
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import time
+
+import numpy as np
+import pytest
+
+from tests.ranks import command, rank_env
+from tests.test_data import corrupt, make_idx_dir, save_npz, write_idx
+
+MLP = ["--model", "tests.models:mlp"]
+SYNTHETIC = ["--dataset", "synthetic"]
+
+
+def idx(tmp, how):
+    root = tmp / "idx"
+    root.mkdir()
+    make_idx_dir(root, labels=np.arange(19) % 3 if how == "count" else None)
+    if how == "dims":  # a 2-D file where the 3-D images belong
+        write_idx(root / "train-images-idx3-ubyte", np.zeros((20, 20), np.uint8))
+    elif how in ("magic", "truncated"):
+        corrupt(root / "train-images-idx3-ubyte", how)
+    return ["--dataset", "idx", "--data-dir", str(root), *MLP]
+
+
+def npz(tmp, **overrides):
+    return ["--dataset", "npz", "--data-dir", save_npz(tmp / "data.npz", **overrides), *MLP]
+
+
+def blocked(tmp):
+    """A path under a regular file: no directory can be made there."""
+    (tmp / "a-file").write_text("not a directory")
+    return str(tmp / "a-file" / "sub")
+
+
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory):
+    """A run directory holding a checkpoint of the MLP after one epoch at np=2 (made once)."""
+    run_dir = tmp_path_factory.mktemp("trained") / "run"
+    args = ["-m", "hvdtrain", *SYNTHETIC, *MLP, "--epochs", "1", "--batch-size", "64", "--no-progress",
+            "--threads", "1", "--log-dir", str(run_dir)]
+    subprocess.run(command(2, args), env=rank_env(), check=True, capture_output=True, timeout=300)
+    return run_dir
+
+
+def resume_from(tmp, trained_run, model="tests.models:mlp", truncate=False):
+    run_dir = tmp / "resumed"
+    shutil.copytree(trained_run, run_dir)
+    if truncate:
+        ckpt = sorted((run_dir / "checkpoints").iterdir())[-1]
+        data = next(p for p in ckpt.iterdir() if p.name.startswith("state.data"))
+        with open(data, "r+b") as f:
+            f.truncate(10)
+    return [*SYNTHETIC, "--model", model, "--batch-size", "64", "--epochs", "2", "--resume", "--log-dir", str(run_dir)]
+
+
+# (case id, make the arguments from (tmp_path, trained_run), the message printed once)
+CASES = [
+    ("missing data directory", lambda t, r: ["--data-dir", str(t / "nowhere"), *MLP], "does not exist"),
+    ("IDX bad magic number", lambda t, r: idx(t, "magic"), "bad magic number"),
+    ("IDX truncated", lambda t, r: idx(t, "truncated"), "bytes (truncated)"),
+    ("IDX wrong dimensions", lambda t, r: idx(t, "dims"), "images must have 3 dimensions"),
+    ("IDX image/label count mismatch", lambda t, r: idx(t, "count"), "20 images but 19 labels"),
+    ("labels out of range", lambda t, r: npz(t, y_train=np.arange(12) - 1),
+     r"labels must be in [0, 11), found range [-1, 10]"),
+    ("NPZ missing key", lambda t, r: npz(t, y_test=None), "missing key(s) ['y_test']"),
+    ("NPZ wrong dtype", lambda t, r: npz(t, y_train=np.arange(12, dtype=np.float32)), "y_train must be integer labels"),
+    ("NPZ wrong shape", lambda t, r: npz(t, x_train=np.zeros((12, 6), np.uint8)), "x_train must have shape (n, H, W[, C])"),
+    ("NPZ object arrays", lambda t, r: npz(t, x_train=np.array([object()] * 12, dtype=object)),
+     "cannot load without unpickling"),
+    ("empty dataset", lambda t, r: npz(t, x_train=np.zeros((0, 6, 6), np.uint8), y_train=np.zeros(0, np.int64)),
+     "empty dataset"),
+    ("fewer examples than world size x batch", lambda t, r: npz(t) + ["--batch-size", "8"],
+     "12 training examples are fewer than one global batch (2 ranks x --batch-size 8)"),
+    ("batch size 0", lambda t, r: ["--batch-size", "0"], "--batch-size must be an integer >= 1, got 0"),
+    ("batch size not a number", lambda t, r: ["--batch-size", "ten"], "argument --batch-size: invalid int value: 'ten'"),
+    ("negative epochs", lambda t, r: ["--epochs", "-1"], "--epochs must be an integer >= 0, got -1"),
+    ("non-finite learning rate", lambda t, r: ["--lr", "nan"], "--lr must be finite and > 0, got nan"),
+    ("unknown model name", lambda t, r: [*SYNTHETIC, "--model", "vgg"], "--model 'vgg': unknown model"),
+    ("model module missing", lambda t, r: [*SYNTHETIC, "--model", "no_such_module:fn"],
+     "cannot import module 'no_such_module'"),
+    ("model function missing", lambda t, r: [*SYNTHETIC, "--model", "tests.models:no_such_fn"],
+     "module 'tests.models' has no function 'no_such_fn'"),
+    ("model function returns no model", lambda t, r: [*SYNTHETIC, "--model", "tests.models:not_a_model"],
+     "returned str, not a tf.keras.Model"),
+    ("unwritable log directory", lambda t, r: [*SYNTHETIC, *MLP, "--log-dir", blocked(t)], "is not writable"),
+    ("unwritable checkpoint directory", lambda t, r: [*SYNTHETIC, *MLP, "--log-dir", str(t / "run"),
+                                                      "--checkpoint-dir", blocked(t)], "is not writable"),
+    ("resume with a checkpoint of another model", lambda t, r: resume_from(t, r, model="tests.models:cnn_sync_bn"),
+     "was written by another model"),
+    ("resume with a corrupt checkpoint", lambda t, r: resume_from(t, r, truncate=True), "corrupt or incompatible"),
+]
+
+
+def snapshot(root):
+    """{relative path: sha256} of every file under ``root``."""
+    out = {}
+    for dirpath, _, files in os.walk(root):
+        for name in files:
+            path = os.path.join(dirpath, name)
+            out[os.path.relpath(path, root)] = hashlib.sha256(open(path, "rb").read()).hexdigest()
+    return out
+
+
+@pytest.mark.parametrize("make_args, message", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_bad_input(tmp_path, make_args, message, request):
+    run = request.getfixturevalue("trained_run") if "resume" in request.node.callspec.id else None
+    args = make_args(tmp_path, run)
+    # An earlier run's results sit in the default run directory: they must survive.
+    earlier = tmp_path / "run"
+    earlier.mkdir(exist_ok=True)
+    (earlier / "metrics.jsonl").write_text('{"epoch": 1, "from": "an earlier run"}\n')
+    if "--log-dir" not in args:
+        args += ["--log-dir", str(earlier)]
+    before = snapshot(tmp_path)
+    start = time.monotonic()
+    proc = subprocess.run(command(2, ["-m", "hvdtrain", *args, "--threads", "1", "--no-progress"]), env=rank_env(),
+                          capture_output=True, text=True, timeout=120)
+    seconds = time.monotonic() - start
+    output = proc.stdout + proc.stderr
+    assert proc.returncode != 0, output[-3000:]
+    assert "exit with status code 0" not in output, "a rank exited 0"  # horovodrun reports each rank's status
+    assert seconds < 30, f"took {seconds:.0f} s"
+    assert output.count(message) == 1, f"expected {message!r} once:\n{output[-3000:]}"
+    assert message in proc.stderr
+    assert not re.search(r"\[\d+\]<stderr>:Traceback", output), "a rank printed a traceback"
+    assert snapshot(tmp_path) == before, "files on disk changed"
+
+
+@pytest.mark.skipif(not shutil.which("nvidia-smi"), reason="needs a GPU host: checks more local ranks than GPUs")
+def test_more_local_ranks_than_gpus(tmp_path):
+    gpus = len(subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True).stdout.splitlines())
+    env = rank_env({"CUDA_VISIBLE_DEVICES": ",".join(map(str, range(gpus)))})
+    proc = subprocess.run(command(gpus + 1, ["-m", "hvdtrain", *SYNTHETIC, *MLP, "--log-dir", str(tmp_path)]),
+                          env=env, capture_output=True, text=True, timeout=120)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert output.count(f"{gpus + 1} ranks on this host but only {gpus} visible GPU(s)") == 1, output[-3000:]
