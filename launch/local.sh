@@ -2,13 +2,14 @@
 # Single host: N ranks on this machine, one per GPU (or sharing the CPU cores).
 #
 # Edit: NP (ranks; on a GPU host at most its GPU count), ARGS (hvdtrain flags, see --help).
-# Run:  bash launch/local.sh [gloo|mpi|mpirun]     (default gloo)
+# Run:  bash launch/local.sh [mpi|gloo|mpirun]     (default mpi: on one host OpenMPI's shared-memory
+#       transport allreduces several times faster than Gloo's TCP; see benchmarks/README.md)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 NP=${NP:-2}
 ARGS=${ARGS:-}
 PY=.venv/bin/python
-case "${1:-gloo}" in
+case "${1:-mpi}" in
   # Gloo: Horovod's own TCP rendezvous and collectives; no MPI needed.
   gloo)   exec .venv/bin/horovodrun -np "$NP" --gloo $PY -m hvdtrain $ARGS ;;
   # horovodrun driving OpenMPI underneath.
@@ -17,5 +18,5 @@ case "${1:-gloo}" in
   # rank its own slice of cores; root needs --allow-run-as-root.
   mpirun) exec mpirun -np "$NP" -bind-to none -map-by slot --allow-run-as-root \
             -x PATH -x LD_LIBRARY_PATH $PY -m hvdtrain $ARGS ;;
-  *) echo "usage: $0 [gloo|mpi|mpirun]" >&2; exit 2 ;;
+  *) echo "usage: $0 [mpi|gloo|mpirun]" >&2; exit 2 ;;
 esac
