@@ -105,10 +105,11 @@ def main():
     p.add_argument("--gpu", action="store_true", help="one GPU per rank instead of one core per rank")
     p.add_argument("--mixed-precision", action="store_true", help="mixed_bfloat16 Keras policy")
     p.add_argument("--no-sync-bn", action="store_true", help="per-rank BatchNorm in the CNN and ResNet-20")
-    p.add_argument("--plot", default=os.path.join(common.REPO, "benchmarks", "figures", "scaling.png"))
+    p.add_argument("--plot", default=None, help="PNG path (default: benchmarks/figures/scaling_<mpi|gloo|gpu>.png)")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--result", help=argparse.SUPPRESS)
     a = p.parse_args()
+    a.plot = a.plot or os.path.join(common.REPO, "benchmarks", "figures", f"scaling_{'gpu' if a.gpu else a.transport}.png")
     worker(a) if a.worker else driver(a)
 
 
