@@ -141,7 +141,8 @@ def driver(a) -> None:
             row.append(f"{seconds * 1e3:.3g} ms / {algbw:.2f} / {algbw * bus:.2f}")
         row.append(f"{memcpy[-1]:.2f}")
         rows.append(row)
-    common.print_table(["size"] + [f"{j}{' fp16' if c == 'fp16' else ''}: time / algbw / busbw GB/s"
+    # fp16 columns: bandwidth of the float32 payload the caller reduces (effective), twice what the link carries.
+    common.print_table(["size"] + [f"{j}{' fp16 (effective)' if c == 'fp16' else ''}: time / algbw / busbw GB/s"
                                    for j, c in columns] + ["memcpy GB/s"], rows,
                        title=f"float32 sum allreduce, np={a.np}, one core per rank (median time)")
     fusion_rows = []

@@ -20,14 +20,15 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 FASHION_MNIST = "/usr/share/datasets/fashion-mnist"
-# Rows of the Horovod synthetic benchmark's method: warm-up batches excluded, then timed
-# iterations of several batches each; throughput = mean over iterations +- 1.96 standard deviations.
+# The Horovod synthetic benchmark's method: warm-up batches excluded, then timed iterations of
+# several batches each; throughput = mean over iterations +- 1.96 standard deviations of the
+# iterations (Horovod's "conf": the range holding ~95% of iterations, not an interval of the mean).
 Z95 = 1.96
 
 
 def mean_ci(samples: Sequence[float]) -> tuple:
-    """``(mean, half-width of the 95% interval)`` of per-iteration samples, as Horovod's
-    ``tensorflow2_synthetic_benchmark.py`` reports them (mean +- 1.96 standard deviations)."""
+    """``(mean, 1.96 standard deviations)`` of per-iteration samples, as Horovod's
+    ``tensorflow2_synthetic_benchmark.py`` reports them (the range of ~95% of the iterations)."""
     x = np.asarray(samples, dtype=np.float64)
     return float(x.mean()), float(Z95 * x.std())
 

@@ -64,12 +64,14 @@ def mwms_worker(a) -> None:
             optimizer.apply_gradients(zip(grads, model.trainable_variables))
             return loss
 
-        return strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(step_fn, args=(next(it),)), axis=None)
+        # The per-replica loss, not reduced across workers: a reduction would add a collective per
+        # step that hvdtrain's step does not make.
+        return strategy.run(step_fn, args=(next(it),))
 
     def run(n):
         for _ in range(n):
             loss = train_step(iterator)
-        loss.numpy()
+        strategy.experimental_local_results(loss)[0].numpy()  # the last step has finished
 
     run(a.warmup_batches)
     img_secs = []
@@ -101,17 +103,24 @@ def run_mwms(a, sync_bn: bool) -> dict:
         args = [sys.executable, __file__, "--worker", "mwms", "--result", out, "--batch-size", str(a.batch_size),
                 "--iters", str(a.iters), "--batches-per-iter", str(a.batches_per_iter),
                 "--warmup-batches", str(a.warmup_batches), "--threads", "1"] + (["--sync-bn"] if sync_bn else [])
-        procs = []
+        procs, logs = [], []
         for i, core in enumerate(common.cores_for(a.np)):
             env = common.env_for_ranks({"TF_CONFIG": json.dumps(
                 {"cluster": {"worker": hosts}, "task": {"type": "worker", "index": i}})})
+            logs.append(open(os.path.join(tmp, f"worker-{i}.log"), "w+"))  # files: a full pipe cannot block a worker
             procs.append(subprocess.Popen(["taskset", "-c", str(core), *args], env=env, cwd=common.REPO,
-                                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+                                          stdout=logs[-1], stderr=subprocess.STDOUT, text=True))
         try:
-            outputs = [p.communicate(timeout=900)[0] for p in procs]
+            for p in procs:
+                p.wait(timeout=900)
         finally:
             for p in procs:
                 p.kill()
+        outputs = []
+        for log in logs:
+            log.seek(0)
+            outputs.append(log.read())
+            log.close()
         if any(p.returncode for p in procs):
             raise SystemExit("MultiWorkerMirroredStrategy job failed:\n" + "\n".join(o[-3000:] for o in outputs))
         results = []

@@ -122,8 +122,11 @@ def main(argv: Optional[List[str]] = None) -> int:
         run(config)
         return 0
     except HvdtrainError as e:
-        if launcher_rank() == 0 or getattr(e, "rank_found", False):
+        alone = getattr(e, "skip_horovod_shutdown", False)  # raised on this rank only (hvdtrain.train.run)
+        if launcher_rank() == 0 or getattr(e, "rank_found", False) or alone:
             print(f"hvdtrain: error: {e}", file=sys.stderr, flush=True)
+            if alone:
+                os._exit(EXIT_ERROR)  # without Horovod's shutdown at exit, which would wait for the peers
             return EXIT_ERROR
         return _quiet_exit()
     except PeerFailure:

@@ -152,7 +152,7 @@ class DistContext:
         if failing.size == 0:
             return
         if self.rank == failing[0]:
-            error.rank_found = True  # this rank prints it (see hvdtrain.cli.main)
+            error.rank_found = True  # this rank prints it (see hvdtrain.cli.main); every rank raises here
             raise error
         raise PeerFailure(f"rank {failing[0]} failed while {what}")
 
@@ -252,10 +252,11 @@ def init_distributed(threads: int = 0, use_gpu: bool = True, stall_timeout: floa
     # Init: starts the background thread that negotiates and runs collectives (Gloo or MPI).
     threads_before = _thread_ids()
     hvd.init()
+    horovod_threads = _thread_ids() - threads_before
     # On a CPU rank under MPI (or alone), Horovod's threads yield the cores to the compute.
     on_gpu = bool(use_gpu and tf.config.list_physical_devices("GPU"))
-    if hvd.size() == 1 or (hvd.mpi_enabled() and not on_gpu):
-        _yield_to_compute(_thread_ids() - threads_before)
+    if not on_gpu and (hvd.size() == 1 or hvd.mpi_enabled()):
+        _yield_to_compute(horovod_threads)
     rank, local_rank, local_size = hvd.rank(), hvd.local_rank(), hvd.local_size()
 
     # Pin: each process sees exactly one GPU, the one at its local rank, so it neither computes on

@@ -134,10 +134,12 @@ class Trainer:
         together; nothing of the diverged epoch is checkpointed.
         """
         if not np.isfinite(metrics["loss"]):
-            raise HvdtrainError(
+            error = HvdtrainError(
                 f"training diverged: the global training loss is {metrics['loss']} at epoch {epoch + 1}, step "
                 f"{step + 1}; every rank stopped there. No diverged state was checkpointed: --resume from the last "
                 f"checkpoint with a smaller --lr or longer --warmup-epochs")
+            error.on_every_rank = True  # every rank sees the same allreduced loss and raises here
+            raise error
         return metrics
 
     def evaluate(self) -> dict:
@@ -280,10 +282,10 @@ def _peer_lost(ctx: DistContext, watchdog: Watchdog) -> PeerLost:
     failed, lost = watchdog.lost_peers()
     if failed:  # that rank printed its own error
         return PeerLost(f"rank(s) {sorted(failed)} failed: {'; '.join(failed.values())}", report=False)
-    names = ", ".join(map(str, lost)) if lost else "unknown (its process still runs, or no heartbeat reached it)"
+    who = f"rank {', '.join(map(str, lost))} was lost" if lost else "another rank failed or was lost"
     report = ctx.is_chief or (0 in lost and ctx.rank == 1)
-    return PeerLost(f"rank {names} was lost mid-training (its process ended or became unreachable), so "
-                    f"Horovod shut down on every rank. Resume from the last checkpoint with --resume.", report=report)
+    return PeerLost(f"{who} mid-training (its process ended or became unreachable), so Horovod shut down on "
+                    f"every rank. Resume from the last checkpoint with --resume.", report=report)
 
 
 def run(config: Config) -> dict:
@@ -312,8 +314,10 @@ def run(config: Config) -> dict:
         dataset = ctx.guarded("loading data", lambda: load_dataset(config.data.dataset, config.data.data_dir, config.seed))
         plan = ShardPlan(len(dataset.y_train), config.batch_size, ctx.size, ctx.rank, seed=config.seed)
         if len(dataset.y_train) < plan.global_batch:
-            raise HvdtrainError(f"{dataset.name}: {len(dataset.y_train)} training examples are fewer than one global "
-                                f"batch ({ctx.size} ranks x --batch-size {config.batch_size}); use a smaller --batch-size")
+            error = HvdtrainError(f"{dataset.name}: {len(dataset.y_train)} training examples are fewer than one global "
+                                  f"batch ({ctx.size} ranks x --batch-size {config.batch_size}); use a smaller --batch-size")
+            error.on_every_rank = True  # every rank loaded the same data and checks the same numbers
+            raise error
 
         # 3. Model, on this rank's device.
         watchdog.beat("building the model")
@@ -368,11 +372,12 @@ def run(config: Config) -> dict:
     except PeerFailure:
         raise
     except Exception as e:  # noqa: BLE001
-        if is_peer_loss(e):
+        if is_peer_loss(e) and not getattr(e, "rank_found", False):
             raise _peer_lost(ctx, watchdog) from e
-        if not isinstance(e, HvdtrainError):  # an error of this rank alone (all ranks raise HvdtrainError together)
-            # The peers learn from the heartbeat that this rank prints its own error, and must not
-            # wait for Horovod's shutdown: it needs every rank, and they are mid-collective.
+        if not getattr(e, "rank_found", False) and not getattr(e, "on_every_rank", False):
+            # An error of this rank alone: it prints it, and the peers learn from its heartbeat not
+            # to. It must not wait for Horovod's shutdown, which needs every rank while the others
+            # are mid-collective: it exits at once (hvdtrain.cli), which ends their collectives.
             watchdog.report_failure(f"{type(e).__name__}: {e}")
             e.skip_horovod_shutdown = True
         raise

@@ -54,10 +54,11 @@ _FAILED = "FAILED: "
 
 
 def _host_id() -> str:
-    """Identifies this machine (its kernel's boot id), whatever its hostname says."""
+    """Identifies this machine and PID namespace (kernel boot id, pid namespace), whatever the hostname says."""
     try:
         with open("/proc/sys/kernel/random/boot_id") as f:
-            return f.read().strip()
+            boot = f.read().strip()
+        return f"{boot}/{os.readlink('/proc/self/ns/pid')}"  # containers on one host share the boot id
     except OSError:
         return socket.gethostname()
 
@@ -69,6 +70,10 @@ def _process_alive(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
     except (OSError, IndexError):
         return False
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
 
 
 def _ipv4_addresses() -> list:
@@ -89,7 +94,8 @@ class Watchdog:
 
     Args:
         rank: this process's rank (for the message).
-        timeout_s: seconds without progress before aborting; 0 disables the watchdog.
+        timeout_s: seconds without progress before aborting; 0 disables the stall check (the
+            heartbeats still run, so that a lost rank is named).
         poll_s: how often the watchdog thread checks and sends its heartbeat, seconds.
     """
 
@@ -111,11 +117,12 @@ class Watchdog:
         self._heard: Dict[int, Tuple[float, str, str]] = {}  # rank -> (when heard, last progress, collective)
         self._local_pids: Dict[int, int] = {}
         self._failed = ""
+        self._ever_heard: set = set()
 
     def arm(self, where: str) -> None:
         """Start watching (idempotent); ``where`` says what the rank is doing now."""
         self.beat(where)
-        if self.timeout_s > 0 and self._thread is None:
+        if self._thread is None:
             self._thread = threading.Thread(target=self._watch, name="hvdtrain-watchdog", daemon=True)
             self._thread.start()
 
@@ -125,7 +132,7 @@ class Watchdog:
         Every rank binds a UDP socket on all interfaces; rank 0 learns every rank's addresses and
         port, the others rank 0's. A random token, the same on all ranks, keeps other jobs' packets out.
         """
-        if self.timeout_s <= 0 or ctx.size == 1:
+        if ctx.size == 1:
             return
         import horovod.tensorflow as hvd
 
@@ -142,6 +149,7 @@ class Watchdog:
         self.size, self._token, self._sock = ctx.size, token, sock
         now = time.monotonic()
         self._heard = {r: (now, "start-up", "") for r in peers}
+        self._ever_heard = set()
         # Peers on this host, by pid: whether such a peer's process has ended is known at once.
         self._local_pids = {r: everyone[r]["pid"] for r in peers if everyone[r]["host"] == _host_id()}
 
@@ -163,7 +171,7 @@ class Watchdog:
         self._failed = summary
         self._exchange()
 
-    def lost_peers(self, wait_s: float = 2.5) -> Tuple[Dict[int, str], List[int]]:
+    def lost_peers(self, wait_s: float = 1.5) -> Tuple[Dict[int, str], List[int]]:
         """After a collective failed because a peer went away: ``(failed, lost)``.
 
         ``failed`` maps the peers that reported an error of their own to its summary; ``lost``
@@ -175,11 +183,11 @@ class Watchdog:
         while True:
             self._exchange()
             now = time.monotonic()
-            failed = {r: collective[len(_FAILED):] for r, (_, _, collective) in self._heard.items()
-                      if collective.startswith(_FAILED)}
-            lost = sorted(r for r, (heard, _, _) in self._heard.items()
+            heard = list(self._heard.items())
+            failed = {r: collective[len(_FAILED):] for r, (_, _, collective) in heard if collective.startswith(_FAILED)}
+            lost = sorted(r for r, (when, _, _) in heard
                           if r not in failed and (not _process_alive(self._local_pids[r]) if r in self._local_pids
-                                                  else now - heard > wait_s))
+                                                  else r in self._ever_heard and now - when > wait_s))
             if failed or lost or now >= deadline or not self._heard:
                 return failed, lost
             time.sleep(0.1)
@@ -191,7 +199,8 @@ class Watchdog:
         if sock is None:
             return
         state = _FAILED + self._failed if self._failed else (_collective or "")
-        message = "\t".join([self._token, str(self.rank), self._where, state]).encode()[:1400]
+        fields = [self._token, str(self.rank), _one_line(self._where), _one_line(state)]
+        message = "\t".join(fields).encode()[:1400]
         for target in self._targets:
             try:
                 sock.sendto(message, target)
@@ -202,35 +211,47 @@ class Watchdog:
                 data = sock.recv(4096)
             except (BlockingIOError, OSError):
                 return
-            fields = data.decode(errors="replace").split("\t")
-            if len(fields) == 4 and fields[0] == self._token and fields[1].isdigit():
+            fields = data.decode(errors="replace").split("\t", 3)
+            if len(fields) == 4 and fields[0] == self._token and fields[1].isdigit() and int(fields[1]) in self._heard:
                 self._heard[int(fields[1])] = (time.monotonic(), fields[2], fields[3])
+                self._ever_heard.add(int(fields[1]))
 
     def _diagnosis(self) -> str:
         """Which ranks stalled, from the heartbeats: silent ones, and ones stuck outside a collective."""
         now = time.monotonic()
-        culprits = [f"rank {r} sent no heartbeat for {now - heard:.0f} s (frozen, killed or unreachable; its last "
-                    f"reported progress: {where})" for r, (heard, where, _) in sorted(self._heard.items())
-                    if now - heard > self.SILENT_AFTER_S]
+        heard = sorted(self._heard.items())
+        culprits = [f"rank {r} sent no heartbeat for {now - when:.0f} s (frozen, killed or unreachable; its last "
+                    f"reported progress: {where})" for r, (when, where, _) in heard
+                    if r in self._ever_heard and now - when > self.SILENT_AFTER_S]
+        never = [r for r, _ in heard if r not in self._ever_heard]
+        if never:
+            culprits.append(f"no heartbeat ever arrived from rank(s) {never} (UDP to this host blocked?)")
         if _collective is None:
             culprits.insert(0, f"rank {self.rank} (this rank) is stuck outside any collective after {self._where}")
         culprits += [f"rank {r} is stuck outside any collective after {where}"
-                     for r, (heard, where, collective) in sorted(self._heard.items())
-                     if now - heard <= self.SILENT_AFTER_S and not collective and self.rank == 0]
+                     for r, (when, where, collective) in heard
+                     if now - when <= self.SILENT_AFTER_S and not collective and self.rank == 0]
         if culprits:
             return "; ".join(culprits)
         return "no rank identified (every rank that reports is waiting in a collective: one may have skipped it)"
 
     def _watch(self) -> None:
         while not self._stop.wait(self.poll_s):
-            self._exchange()
+            try:
+                self._exchange()
+            except Exception:  # noqa: BLE001 -- heartbeats are best effort; the stall check must go on
+                pass
             idle = time.monotonic() - self._last
-            if idle <= self.timeout_s:
+            if self.timeout_s <= 0 or idle <= self.timeout_s:
                 continue
-            if self.rank != 0 and self._chief_alive():
+            if self.rank != 0 and (self._chief_alive() or self.rank != 1):
                 # Rank 0 hears every rank's heartbeat, times out too and prints the diagnosis once;
-                # when it exits, the launcher ends this rank. Print only if that does not happen.
-                self._stop.wait(self.DEFER_TO_CHIEF_S)
+                # when it exits, the launcher ends this rank. (Rank 1 speaks for a silent rank 0.)
+                # Print only if that does not happen.
+                if self._stop.wait(self.DEFER_TO_CHIEF_S):
+                    return
+                if time.monotonic() - self._last <= self.timeout_s:
+                    continue
                 idle = time.monotonic() - self._last
             waiting = f", waiting in {_collective}" if _collective else ""
             sys.stderr.write(
@@ -241,4 +262,7 @@ class Watchdog:
             os._exit(EXIT_STALLED)
 
     def _chief_alive(self) -> bool:
-        return 0 in self._heard and time.monotonic() - self._heard[0][0] <= self.SILENT_AFTER_S
+        """Rank 0's heartbeats arrive (or never did: then assume it is alive and let it speak)."""
+        if 0 not in self._ever_heard:
+            return True
+        return time.monotonic() - self._heard[0][0] <= self.SILENT_AFTER_S
