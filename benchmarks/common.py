@@ -12,6 +12,7 @@ import resource
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
@@ -31,6 +32,18 @@ def mean_ci(samples: Sequence[float]) -> tuple:
     ``tensorflow2_synthetic_benchmark.py`` reports them (the range of ~95% of the iterations)."""
     x = np.asarray(samples, dtype=np.float64)
     return float(x.mean()), float(Z95 * x.std())
+
+
+def images_per_second(run, batch_size: int, warmup_batches: int, iters: int, batches_per_iter: int) -> List[float]:
+    """Per-iteration images/s of ``run(n)`` (n training steps of ``batch_size`` images, waiting for
+    the last), after ``warmup_batches`` untimed steps (tracing, allocation)."""
+    run(warmup_batches)
+    samples = []
+    for _ in range(iters):
+        start = time.perf_counter()
+        run(batches_per_iter)
+        samples.append(batch_size * batches_per_iter / (time.perf_counter() - start))
+    return samples
 
 
 def peak_rss_mib() -> float:

@@ -15,7 +15,6 @@ rank. Models: the seed CNN on real Fashion-MNIST, ResNet-20 on 32x32 synthetic d
 import argparse
 import os
 import sys
-import time
 
 import common
 
@@ -33,12 +32,7 @@ def worker(a) -> None:
     with tf.device(ctx.device):
         model = common.build_bench_model(a.model, dataset, sync_bn=not a.no_sync_bn)
     _, run = common.hvdtrain_stepper(ctx, model, dataset, a.batch_size)
-    run(a.warmup_batches)
-    img_secs = []
-    for _ in range(a.iters):
-        start = time.perf_counter()
-        run(a.batches_per_iter)
-        img_secs.append(a.batch_size * a.batches_per_iter / (time.perf_counter() - start))
+    img_secs = common.images_per_second(run, a.batch_size, a.warmup_batches, a.iters, a.batches_per_iter)
     # Every rank's mean, so the per-rank figure is not rank 0's alone.
     per_rank = ctx.allreduce_sum([common.mean_ci(img_secs)[0]], "bench.per_rank")[0] / ctx.size
     mean, ci = common.mean_ci(img_secs)

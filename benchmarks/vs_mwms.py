@@ -19,7 +19,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 
 import common
 
@@ -73,12 +72,7 @@ def mwms_worker(a) -> None:
             loss = train_step(iterator)
         strategy.experimental_local_results(loss)[0].numpy()  # the last step has finished
 
-    run(a.warmup_batches)
-    img_secs = []
-    for _ in range(a.iters):
-        start = time.perf_counter()
-        run(a.batches_per_iter)
-        img_secs.append(a.batch_size * a.batches_per_iter / (time.perf_counter() - start))
+    img_secs = common.images_per_second(run, a.batch_size, a.warmup_batches, a.iters, a.batches_per_iter)
     mean, ci = common.mean_ci(img_secs)
     task = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
     with open(f"{a.result}.{task}", "w") as f:
