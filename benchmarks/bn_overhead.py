@@ -10,11 +10,8 @@ training step (gather, forward, backward, gradient allreduce, SGD update).
 import argparse
 import functools
 import json
-import statistics
-import time
 
-import numpy as np
-
+import common
 from hvdtrain.dist import init_distributed
 
 
@@ -29,54 +26,22 @@ def main():
     a = p.parse_args()
 
     ctx = init_distributed()
-    import horovod.tensorflow as hvd
     import tensorflow as tf
-    from hvdtrain.config import OptimConfig
     from hvdtrain.data import make_synthetic
     from hvdtrain.models import norm_factory, resnet20, seed_cnn
-    from hvdtrain.optim import build_optimizer
-    from hvdtrain.sharding import ShardPlan
-    from hvdtrain.train import Trainer, broadcast_state
 
-    counter = iter(range(10**6))
-
-    def horovod_norm():  # Horovod's layer names itself identically unless told otherwise
-        return hvd.SyncBatchNormalization(momentum=0.9, name=f"hvd_sync_bn_{next(counter)}")
-
-    variants = {"local": norm_factory(False), "hvdtrain": norm_factory(True), "horovod": horovod_norm}
+    variants = {"local": norm_factory(False), "hvdtrain": norm_factory(True), "horovod": common.horovod_sync_bn}
     shapes = {"cnn": (28, 28, 1), "resnet20": (32, 32, 3)}
     builders = {"cnn": functools.partial(seed_cnn, dropout=0.0), "resnet20": resnet20}
     results = {}
     for model_name in a.models:
         data = make_synthetic(num_train=a.batch_size * ctx.size * 4, num_test=10, image_shape=shapes[model_name])
-        plan = ShardPlan(len(data.y_train), a.batch_size, ctx.size, ctx.rank)
-        trainers = {}
+        runs = {}
         for variant, norm in variants.items():
             tf.keras.utils.set_random_seed(0)
             model = builders[model_name](data.input_shape, data.num_classes, norm=norm)
-            optimizer, _ = build_optimizer(OptimConfig(warmup_epochs=0), ctx.size, plan.steps_per_epoch, 1)
-            optimizer.build(model.trainable_variables)
-            broadcast_state(ctx, model, optimizer)
-            trainers[variant] = Trainer(ctx, model, optimizer, data, plan)
-        _, indices, global_count = next(plan.epoch(0))
-        count = np.float32(global_count)
-
-        def timed(trainer, steps):
-            start = time.perf_counter()
-            for _ in range(steps):
-                trainer.train_step(indices, count)
-            trainer._sums.numpy()  # wait for the last step
-            return (time.perf_counter() - start) / steps
-
-        for trainer in trainers.values():
-            timed(trainer, a.warmup)
-        samples = {v: [] for v in variants}
-        for _ in range(a.rounds):
-            for variant, trainer in trainers.items():
-                samples[variant].append(timed(trainer, a.steps))
-        medians = {v: statistics.median(s) for v, s in samples.items()}
-        # Mean over ranks of each rank's median (ranks wait for each other, so they agree closely).
-        medians = dict(zip(medians, ctx.allreduce_sum(list(medians.values()), "bench.mean") / ctx.size))
+            runs[variant] = common.hvdtrain_stepper(ctx, model, data, a.batch_size)[1]
+        medians = common.alternating_step_times(ctx, runs, a.warmup, a.rounds, a.steps)
         results[model_name] = medians
         if ctx.is_chief:
             base = medians["local"]

@@ -6,8 +6,10 @@ launched job runs. Workers hand their figures back through a JSON file written b
 """
 from __future__ import annotations
 
+import itertools
 import json
 import os
+import statistics
 import resource
 import subprocess
 import sys
@@ -44,6 +46,36 @@ def images_per_second(run, batch_size: int, warmup_batches: int, iters: int, bat
         run(batches_per_iter)
         samples.append(batch_size * batches_per_iter / (time.perf_counter() - start))
     return samples
+
+
+def alternating_step_times(ctx, runs: dict, warmup: int, rounds: int, steps: int) -> Dict[str, float]:
+    """Seconds per step of each ``runs[name](n)`` (n steps, waiting for the last), timed in
+    alternating rounds so that machine noise hits every variant alike.
+
+    Returns, per name, the mean over ranks of each rank's median over ``rounds`` (ranks wait for
+    each other, so they agree closely). A collective.
+    """
+    for run in runs.values():
+        run(warmup)  # tracing and allocation, untimed
+    samples = {name: [] for name in runs}
+    for _ in range(rounds):
+        for name, run in runs.items():
+            start = time.perf_counter()
+            run(steps)
+            samples[name].append((time.perf_counter() - start) / steps)
+    medians = [statistics.median(samples[name]) for name in runs]
+    return dict(zip(runs, ctx.allreduce_sum(medians, "bench.step_times") / ctx.size))
+
+
+_HOROVOD_BN_IDS = itertools.count()
+
+
+def horovod_sync_bn():
+    """Horovod's ``hvd.SyncBatchNormalization`` (momentum 0.9), uniquely named: Horovod's layer
+    names itself identically unless told otherwise, which breaks a second one in a model."""
+    import horovod.tensorflow as hvd
+
+    return hvd.SyncBatchNormalization(momentum=0.9, name=f"hvd_sync_bn_{next(_HOROVOD_BN_IDS)}")
 
 
 def peak_rss_mib() -> float:
@@ -196,15 +228,13 @@ def build_bench_model(model: str, dataset, sync_bn: bool = True, norm=None):
 def hvdtrain_stepper(ctx, model, dataset, batch_size: int):
     """hvdtrain's :class:`~hvdtrain.train.Trainer` for ``model``, and ``run(n)`` that makes ``n``
     training steps exactly as ``Trainer.fit`` does (shard plan, compiled step) and waits for them."""
-    import numpy as np
+    import tensorflow as tf
     from hvdtrain.config import OptimConfig
     from hvdtrain.optim import build_optimizer
     from hvdtrain.sharding import ShardPlan
     from hvdtrain.train import Trainer, broadcast_state
 
     plan = ShardPlan(len(dataset.y_train), batch_size, ctx.size, ctx.rank)
-    import tensorflow as tf
-
     with tf.device(ctx.device):
         optimizer, _ = build_optimizer(OptimConfig(warmup_epochs=0), ctx.size, plan.steps_per_epoch, 100)
         optimizer.build(model.trainable_variables)

@@ -33,9 +33,9 @@ def worker(a) -> None:
         model = common.build_bench_model(a.model, dataset, sync_bn=not a.no_sync_bn)
     _, run = common.hvdtrain_stepper(ctx, model, dataset, a.batch_size)
     img_secs = common.images_per_second(run, a.batch_size, a.warmup_batches, a.iters, a.batches_per_iter)
-    # Every rank's mean, so the per-rank figure is not rank 0's alone.
-    per_rank = ctx.allreduce_sum([common.mean_ci(img_secs)[0]], "bench.per_rank")[0] / ctx.size
     mean, ci = common.mean_ci(img_secs)
+    # Every rank's mean, so the per-rank figure is not rank 0's alone.
+    per_rank = ctx.allreduce_sum([mean], "bench.per_rank")[0] / ctx.size
     rss = common.gather_rss(ctx)
     if ctx.is_chief:
         common.write_result(a.result, {"np": ctx.size, "per_rank": per_rank, "ci": ci, "rank0_mean": mean,

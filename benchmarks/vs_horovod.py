@@ -13,9 +13,7 @@ and synchronized BatchNorm (hvdtrain's layer against Horovod's ``hvd.SyncBatchNo
 Prints median step times, the ratio hvdtrain / plain, and each rank's peak memory.
 """
 import argparse
-import statistics
 import sys
-import time
 
 import common
 
@@ -65,18 +63,12 @@ def worker(a) -> None:
     from hvdtrain.dist import init_distributed
 
     ctx = init_distributed(threads=a.threads)
-    import horovod.tensorflow as hvd
     import tensorflow as tf
     from hvdtrain.models import norm_factory
 
     dataset = common.bench_dataset("cnn", a.batch_size, ctx.size)
-    counter = iter(range(10**6))
-
-    def horovod_sync_bn():  # Horovod's layer names itself identically unless told otherwise
-        return hvd.SyncBatchNormalization(momentum=0.9, name=f"hvd_sync_bn_{next(counter)}")
-
     pairs = {"per-rank BN": (norm_factory(False), norm_factory(False)),
-             "synchronized BN": (norm_factory(True), horovod_sync_bn)}
+             "synchronized BN": (norm_factory(True), common.horovod_sync_bn)}
     rows = []
     for pair, (ours_norm, plain_norm) in pairs.items():
         tf.keras.utils.set_random_seed(0)
@@ -85,17 +77,8 @@ def worker(a) -> None:
         tf.keras.utils.set_random_seed(0)
         plain = common.build_bench_model("cnn", dataset, norm=plain_norm)
         run_plain = plain_horovod_loop(ctx, plain, dataset.x_train, dataset.y_train, a.batch_size, lr=0.05)
-        runs = {"hvdtrain": run_ours, "plain": run_plain}
-        for run in runs.values():
-            run(a.warmup)
-        samples = {k: [] for k in runs}
-        for _ in range(a.rounds):
-            for name, run in runs.items():
-                start = time.perf_counter()
-                run(a.steps)
-                samples[name].append((time.perf_counter() - start) / a.steps)
-        medians = {k: statistics.median(v) for k, v in samples.items()}
-        medians = dict(zip(medians, ctx.allreduce_sum(list(medians.values()), "bench.medians") / ctx.size))
+        medians = common.alternating_step_times(ctx, {"hvdtrain": run_ours, "plain": run_plain}, a.warmup,
+                                                a.rounds, a.steps)
         rows.append([pair, medians["hvdtrain"] * 1e3, medians["plain"] * 1e3, medians["hvdtrain"] / medians["plain"]])
     rss = common.gather_rss(ctx)
     if ctx.is_chief:

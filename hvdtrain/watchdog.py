@@ -106,7 +106,6 @@ class Watchdog:
 
     def __init__(self, rank: int, timeout_s: float, poll_s: float = 1.0):
         self.rank, self.timeout_s, self.poll_s = rank, float(timeout_s), poll_s
-        self.size = 1
         self._last = time.monotonic()
         self._where = "starting"
         self._stop = threading.Event()
@@ -139,19 +138,20 @@ class Watchdog:
         sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         sock.bind(("0.0.0.0", 0))
         sock.setblocking(False)
+        host = _host_id()
         with in_collective("exchanging heartbeat addresses (allgather)"):
             everyone = hvd.allgather_object({"port": sock.getsockname()[1], "addrs": _ipv4_addresses(),
-                                             "host": _host_id(), "pid": os.getpid()},
+                                             "host": host, "pid": os.getpid()},
                                             name="hvdtrain.watchdog.addresses")
             token = ctx.broadcast_object(os.urandom(8).hex(), name="hvdtrain.watchdog.token")
         peers = range(1, ctx.size) if ctx.is_chief else [0]
         self._targets = [(addr, everyone[r]["port"]) for r in peers for addr in everyone[r]["addrs"]]
-        self.size, self._token, self._sock = ctx.size, token, sock
+        self._token, self._sock = token, sock
         now = time.monotonic()
         self._heard = {r: (now, "start-up", "") for r in peers}
         self._ever_heard = set()
         # Peers on this host, by pid: whether such a peer's process has ended is known at once.
-        self._local_pids = {r: everyone[r]["pid"] for r in peers if everyone[r]["host"] == _host_id()}
+        self._local_pids = {r: everyone[r]["pid"] for r in peers if everyone[r]["host"] == host}
 
     def beat(self, where: str) -> None:
         """Record progress; ``where`` (e.g. ``"epoch 2, step 17"``) is reported if the next beat never comes."""

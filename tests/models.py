@@ -41,8 +41,8 @@ def raises(input_shape, num_classes):
     raise RuntimeError("boom from the user's model")
 
 
-class _PoisonAfter(tf.keras.layers.Layer):
-    """Identity for the first `calls` training calls, then NaN: a deterministic divergence."""
+class _CountsTrainingCalls(tf.keras.layers.Layer):
+    """Identity at inference; in training, counts its calls in a variable and applies :meth:`counted`."""
 
     def __init__(self, calls, **kwargs):
         super().__init__(**kwargs)
@@ -55,6 +55,13 @@ class _PoisonAfter(tf.keras.layers.Layer):
         if not training:
             return x
         self.calls.assign_add(1)
+        return self.counted(x)
+
+
+class _PoisonAfter(_CountsTrainingCalls):
+    """Identity for the first `calls` training calls, then NaN: a deterministic divergence."""
+
+    def counted(self, x):
         return x * tf.where(self.calls > self.limit, float("nan"), 1.0)
 
 
@@ -70,23 +77,17 @@ def _launcher_rank():
     return launcher_rank()
 
 
-class _FailOnRank1After(tf.keras.layers.Layer):
+class _FailOnRank1After(_CountsTrainingCalls):
     """Identity, except that rank 1's 31st training call fails (an error in one rank's data).
 
     The graph is the same on every rank (Horovod matches collectives by name); only the data differ.
     """
 
     def __init__(self, calls, rank, **kwargs):
-        super().__init__(**kwargs)
-        self.limit, self.rank = calls, rank
+        super().__init__(calls, **kwargs)
+        self.rank = rank
 
-    def build(self, input_shape):
-        self.calls = self.add_weight(name="calls", shape=(), dtype=tf.int64, initializer="zeros", trainable=False)
-
-    def call(self, x, training=None):
-        if not training:
-            return x
-        self.calls.assign_add(1)
+    def counted(self, x):
         fine = tf.logical_or(tf.constant(self.rank != 1), self.calls <= self.limit)
         with tf.control_dependencies([tf.debugging.Assert(fine, ["corrupt record in the shard of rank 1"])]):
             return tf.identity(x)
