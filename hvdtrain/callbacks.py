@@ -129,27 +129,68 @@ class TensorBoard(Callback):
 
 
 class Checkpointer(Callback):
-    """Saves checkpoints at the end of every epoch, and within epochs when asked (rank 0 only; the
-    state is identical on all ranks). Tagged by global step; ``epoch`` counts completed epochs."""
+    """Saves checkpoints at the end of every epoch, and every ``every_steps`` steps within epochs
+    (rank 0 only; the state is identical on all ranks).
 
-    def __init__(self, manager, meta: dict, steps_per_epoch: int):
+    Checkpoints are tagged by ``global_step`` (the optimizer's iteration count: it only grows,
+    also when an elastic job changes its steps per epoch); ``epoch`` in the metadata counts
+    completed epochs, ``step_in_epoch`` and ``example_in_epoch`` the position within the next.
+    """
+
+    def __init__(self, manager, meta: dict, plan, global_step, every_steps: int = 0):
         self.manager = manager
         self.meta = meta
-        self.steps_per_epoch = steps_per_epoch
+        self.plan = plan
+        self.global_step = global_step
+        self.every_steps = every_steps
 
     def on_mid_epoch_checkpoint(self, epoch, steps_done, epoch_sums):
-        self._save(tag=epoch * self.steps_per_epoch + steps_done,
-                   meta={**self.meta, "epoch": epoch, "step_in_epoch": steps_done,
+        if not self.every_steps or steps_done % self.every_steps:
+            return
+        self._save(meta={**self.meta, "epoch": epoch, "step_in_epoch": steps_done,
+                         "example_in_epoch": self.plan.examples_before(steps_done),
                          "epoch_sums": [float(v) for v in epoch_sums]})
 
     def on_epoch_end(self, epoch, metrics):
-        self._save(tag=(epoch + 1) * self.steps_per_epoch,
-                   meta={**self.meta, "epoch": epoch + 1, "step_in_epoch": 0, "metrics": metrics})
+        self._save(meta={**self.meta, "epoch": epoch + 1, "step_in_epoch": 0, "example_in_epoch": 0,
+                         "metrics": metrics})
 
-    def _save(self, tag, meta):
+    def _save(self, meta):
         from hvdtrain.errors import HvdtrainError
 
+        tag = int(self.global_step.numpy())
         try:
             self.manager.save(tag=tag, meta=meta)
         except OSError as e:  # disk full, directory removed...: the previous checkpoints are intact
             raise HvdtrainError(f"cannot write checkpoint {tag} in {self.manager.directory}: {e}") from None
+
+
+class ElasticCommit(Callback):
+    """Commits the elastic training state in host memory on every rank (Horovod Elastic).
+
+    After a worker is lost, every rank rolls back to the last commit; a commit is also where a
+    rank learns that workers joined or left (``HostsUpdatedInterrupt``, raised on every rank at
+    the same commit: the check is a broadcast from rank 0). Runs on every rank, so keep it last
+    in the list: the other callbacks see the step before a reset can interrupt it.
+
+    Args:
+        state: the :class:`hvdtrain.elastic.TrainingState`.
+        plan: this world size's shard plan (steps to positions in the epoch).
+        every_steps: steps between commits within an epoch; every epoch end also commits.
+    """
+
+    chief_only = False
+
+    def __init__(self, state, plan, every_steps: int):
+        self.state, self.plan, self.every_steps = state, plan, every_steps
+
+    def on_mid_epoch_checkpoint(self, epoch, steps_done, epoch_sums):
+        if steps_done % self.every_steps == 0:
+            self._commit(epoch, self.plan.examples_before(steps_done), [float(v) for v in epoch_sums])
+
+    def on_epoch_end(self, epoch, metrics):
+        self._commit(epoch + 1, 0, None)
+
+    def _commit(self, epoch, example, epoch_sums):
+        self.state.epoch, self.state.example, self.state.epoch_sums = epoch, example, epoch_sums
+        self.state.commit()

@@ -12,8 +12,8 @@ import traceback
 import time
 from typing import List, Optional
 
-from hvdtrain.config import (DATASETS, LR_SCHEDULES, CheckpointConfig, Config, DataConfig, LogConfig, ModelConfig,
-                             OptimConfig, RuntimeConfig)
+from hvdtrain.config import (DATASETS, LR_SCHEDULES, CheckpointConfig, Config, DataConfig, ElasticConfig, LogConfig,
+                             ModelConfig, OptimConfig, RuntimeConfig)
 from hvdtrain.dist import PeerFailure, PeerLost, is_peer_loss, launcher_rank
 from hvdtrain.errors import HvdtrainError
 
@@ -87,6 +87,13 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--stall-timeout", type=float, default=d.runtime.stall_timeout,
                    help="seconds a rank may make no progress (waiting for a stalled, lost or unreachable rank) "
                         "before the job aborts; 0 waits forever")
+
+    g = p.add_argument_group("elastic training (horovodrun --min-np N --max-np M --host-discovery-script S)")
+    g.add_argument("--elastic", action="store_true",
+                   help="keep training while workers leave or join: state is committed in memory and the "
+                        "learning rate and data shards follow the world size")
+    g.add_argument("--commit-every", type=int, default=d.elastic.commit_every,
+                   help="steps between in-memory commits; a lost worker costs at most this many steps")
     return p
 
 
@@ -110,6 +117,7 @@ def config_from_args(argv: Optional[List[str]] = None) -> Config:
                                     every_steps=a.checkpoint_every),
         log=LogConfig(dir=a.log_dir, log_every=a.log_every, progress=not a.no_progress),
         runtime=RuntimeConfig(threads=a.threads, cpu=a.cpu, stall_timeout=a.stall_timeout),
+        elastic=ElasticConfig(enabled=a.elastic, commit_every=a.commit_every),
     )
 
 

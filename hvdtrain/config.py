@@ -159,6 +159,25 @@ class RuntimeConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class ElasticConfig:
+    """Elastic training (Horovod Elastic): workers may leave and join while the job runs.
+
+    Attributes:
+        enabled: run under ``horovodrun --min-np/--max-np --host-discovery-script``; a lost
+            worker costs the steps since the last commit instead of the job.
+        commit_every: steps between in-memory commits of the training state on every rank (each
+            costs one small allreduce and a copy of the variables to host memory).
+    """
+
+    enabled: bool = False
+    commit_every: int = 20
+
+    def __post_init__(self):
+        _check(_is_int(self.commit_every) and self.commit_every >= 1, "--commit-every", "an integer >= 1",
+               self.commit_every)
+
+
+@dataclasses.dataclass(frozen=True)
 class Config:
     """A whole training run.
 
@@ -178,6 +197,7 @@ class Config:
     checkpoint: CheckpointConfig = CheckpointConfig()
     log: LogConfig = LogConfig()
     runtime: RuntimeConfig = RuntimeConfig()
+    elastic: ElasticConfig = ElasticConfig()
 
     def __post_init__(self):
         _check(_is_int(self.epochs) and self.epochs >= 0, "--epochs", "an integer >= 0", self.epochs)
@@ -185,6 +205,10 @@ class Config:
         _check(_is_int(self.seed) and 0 <= self.seed < 2**31, "--seed", "an integer in [0, 2^31)", self.seed)
         if self.checkpoint.resume and self.checkpoint.dir is None and self.log.dir is None:
             raise HvdtrainError("--resume needs the run to continue: pass its --log-dir or --checkpoint-dir")
+        if self.elastic.enabled and self.optim.backward_passes_per_step > 1:
+            raise HvdtrainError(f"--elastic cannot be combined with --backward-passes-per-step "
+                                f"{self.optim.backward_passes_per_step}: a reset would drop half-accumulated "
+                                f"gradients; use a larger --batch-size instead")
 
     def to_dict(self) -> dict:
         """Plain nested dict (for the run's metadata and checkpoints)."""

@@ -85,6 +85,9 @@ class DistContext:
             it sees) or ``"/CPU:0"``.
         cpu_cores: the CPU cores this process may run on (its share on a shared host).
         intra_op_threads: TensorFlow intra-op thread-pool size.
+        elastic_startup: an elastic worker starting up, before its first state sync: it may
+            start alone while the others wait in that sync, so :meth:`agree` runs no collective.
+            :meth:`refreshed` (after the sync) clears it.
     """
 
     rank: int
@@ -95,6 +98,7 @@ class DistContext:
     device: str
     cpu_cores: tuple
     intra_op_threads: int
+    elastic_startup: bool = False
 
     @property
     def is_chief(self) -> bool:
@@ -144,6 +148,14 @@ class DistContext:
             The rank's own ``error`` on the lowest failing rank (which prints it), and
             :class:`PeerFailure` on every other rank, whenever any rank passed an error.
         """
+        if self.elastic_startup:
+            # A worker that joins an elastic job later runs start-up alone while the others wait
+            # in the state sync: a collective here would pair with theirs and deadlock. Each
+            # worker checks its own start-up; one that fails leaves, and the job goes on without it.
+            if error is not None:
+                error.rank_found = True
+                raise error
+            return
         flags = self.allreduce_sum(
             [1.0 if r == self.rank and error is not None else 0.0 for r in range(self.size)],
             name=f"hvdtrain.agree.{what.replace(' ', '_')}",
@@ -172,6 +184,16 @@ class DistContext:
             error = e
         self.agree(error, what)
         return result
+
+    def refreshed(self) -> "DistContext":
+        """This context with the rank, local rank and sizes Horovod has now (after an elastic state sync).
+
+        The device and CPU cores stay: TensorFlow fixes them when its runtime starts.
+        """
+        import horovod.tensorflow as hvd
+
+        return dataclasses.replace(self, rank=hvd.rank(), local_rank=hvd.local_rank(), size=hvd.size(),
+                                   local_size=hvd.local_size(), cross_size=hvd.cross_size(), elastic_startup=False)
 
     def close(self) -> None:
         """Shut Horovod down (idempotent). Call in ``finally``."""
@@ -221,7 +243,8 @@ def _yield_to_compute(thread_ids) -> None:
             pass
 
 
-def init_distributed(threads: int = 0, use_gpu: bool = True, stall_timeout: float = 0.0) -> DistContext:
+def init_distributed(threads: int = 0, use_gpu: bool = True, stall_timeout: float = 0.0,
+                     elastic: bool = False) -> DistContext:
     """Start Horovod and pin this process to its own GPU (or its own CPU cores).
 
     Must run before any TensorFlow op: device visibility and thread pools are fixed once
@@ -232,11 +255,13 @@ def init_distributed(threads: int = 0, use_gpu: bool = True, stall_timeout: floa
         use_gpu: use the GPU at the local rank if the host has GPUs; False forces the CPU.
         stall_timeout: seconds after which Horovod's stall inspector should report missing ranks
             is half this (see :mod:`hvdtrain.watchdog`); 0 leaves Horovod's default.
+        elastic: the process was started by Horovod's elastic driver (see :mod:`hvdtrain.elastic`).
 
     Returns:
         The :class:`DistContext` for this process.
 
     Raises:
+        HvdtrainError: with ``elastic`` but no elastic launcher (``HOROVOD_ELASTIC`` unset).
         HvdtrainError: if a host has GPUs but fewer than its local ranks (two ranks sharing one GPU
             is the "all memory grabbed, one GPU computing" pitfall), on the lowest such rank, which
             prints it; the other ranks raise :class:`PeerFailure`.
@@ -250,6 +275,15 @@ def init_distributed(threads: int = 0, use_gpu: bool = True, stall_timeout: floa
     # ~29% to ~13% (benchmarks/bn_overhead.py). A user's own setting wins.
     os.environ.setdefault("HOROVOD_CYCLE_TIME", "0.1")
     configure_horovod_stall_check(stall_timeout)
+    if elastic:
+        if os.environ.get("HOROVOD_ELASTIC") != "1":
+            raise HvdtrainError("--elastic: this process was not started by an elastic launcher; use horovodrun "
+                                "with --min-np/--max-np and --host-discovery-script (see launch/elastic.sh)")
+        # Horovod's response cache lets ranks skip negotiating tensors they all saw before. A
+        # worker that survived a reset keeps entries a joining worker lacks: here the first step
+        # after a worker joined aborted the survivor (Gloo "op.preamble.length <= op.nbytes",
+        # fused buffers of different sizes) until the cache was off. A user's setting wins.
+        os.environ.setdefault("HOROVOD_CACHE_CAPACITY", "0")
 
     # Init: starts the background thread that negotiates and runs collectives (Gloo or MPI).
     threads_before = _thread_ids()
@@ -298,6 +332,7 @@ def init_distributed(threads: int = 0, use_gpu: bool = True, stall_timeout: floa
         device=device,
         cpu_cores=cores,
         intra_op_threads=intra,
+        elastic_startup=elastic,
     )
     ctx.agree(error, "pinning devices")
     return ctx

@@ -23,6 +23,9 @@ class WarmupSchedule(tf.keras.optimizers.schedules.LearningRateSchedule):
         total_steps: int >= 1, optimizer steps of the whole run (cosine reaches 0 there).
         cosine: decay with half a cosine after warmup (Loshchilov & Hutter 2017, "SGDR"); else
             stay at the peak.
+        step_offset: int, added to the optimizer's iteration count: an elastic job that changed
+            world size (and so steps per epoch) continues the schedule where its progress in
+            epochs is (see :func:`rescale_schedule`).
 
     Call arguments:
         step: the optimizer's iteration count (scalar, any numeric dtype).
@@ -31,12 +34,14 @@ class WarmupSchedule(tf.keras.optimizers.schedules.LearningRateSchedule):
         float32 scalar learning rate.
     """
 
-    def __init__(self, base_lr: float, world_size: int, warmup_steps: int, total_steps: int, cosine: bool = True):
+    def __init__(self, base_lr: float, world_size: int, warmup_steps: int, total_steps: int, cosine: bool = True,
+                 step_offset: int = 0):
         self.base_lr = float(base_lr)
         self.world_size = int(world_size)
         self.warmup_steps = int(warmup_steps)
         self.total_steps = max(1, int(total_steps))
         self.cosine = bool(cosine)
+        self.step_offset = int(step_offset)
 
     @property
     def peak_lr(self) -> float:
@@ -44,7 +49,7 @@ class WarmupSchedule(tf.keras.optimizers.schedules.LearningRateSchedule):
         return self.base_lr * self.world_size
 
     def __call__(self, step):
-        step = tf.cast(step, tf.float32)
+        step = tf.cast(step, tf.float32) + float(self.step_offset)
         peak = tf.constant(self.peak_lr, tf.float32)
         warm = self.base_lr + (self.peak_lr - self.base_lr) * step / max(1, self.warmup_steps)
         if self.cosine:
@@ -56,7 +61,19 @@ class WarmupSchedule(tf.keras.optimizers.schedules.LearningRateSchedule):
 
     def get_config(self):
         return {"base_lr": self.base_lr, "world_size": self.world_size, "warmup_steps": self.warmup_steps,
-                "total_steps": self.total_steps, "cosine": self.cosine}
+                "total_steps": self.total_steps, "cosine": self.cosine, "step_offset": self.step_offset}
+
+
+def _schedule(config: OptimConfig, world_size: int, steps_per_epoch: int, epochs: int,
+              step_offset: int = 0) -> WarmupSchedule:
+    return WarmupSchedule(
+        base_lr=config.base_lr,
+        world_size=world_size,
+        warmup_steps=round(config.warmup_epochs * steps_per_epoch),
+        total_steps=steps_per_epoch * max(1, epochs),
+        cosine=config.lr_schedule == "cosine",
+        step_offset=step_offset,
+    )
 
 
 def build_optimizer(config: OptimConfig, world_size: int, steps_per_epoch: int, epochs: int):
@@ -79,13 +96,7 @@ def build_optimizer(config: OptimConfig, world_size: int, steps_per_epoch: int, 
 
     # Horovod's gradient aggregation counts every backward pass in optimizer.iterations, so the
     # schedule is in backward passes (steps), not in applied updates.
-    schedule = WarmupSchedule(
-        base_lr=config.base_lr,
-        world_size=world_size,
-        warmup_steps=round(config.warmup_epochs * steps_per_epoch),
-        total_steps=steps_per_epoch * max(1, epochs),
-        cosine=config.lr_schedule == "cosine",
-    )
+    schedule = _schedule(config, world_size, steps_per_epoch, epochs)
     sgd = tf.keras.optimizers.SGD(learning_rate=schedule, momentum=config.momentum)
     optimizer = hvd.DistributedOptimizer(
         sgd,
@@ -94,3 +105,30 @@ def build_optimizer(config: OptimConfig, world_size: int, steps_per_epoch: int, 
         average_aggregated_gradients=True,
     )
     return optimizer, schedule
+
+
+def rescale_schedule(optimizer, config: OptimConfig, world_size: int, steps_per_epoch: int, epochs: int,
+                     epochs_done: float) -> WarmupSchedule:
+    """Give ``optimizer`` the schedule of a new world size, continuing at ``epochs_done``.
+
+    For elastic training: after ranks leave or join, the peak rate is ``base_lr · world_size``
+    for the new world size, and warmup and decay continue from the same point of the run,
+    measured in epochs (steps per epoch changed with the global batch). Retrace the step
+    function afterwards: the schedule is read when it is traced.
+
+    Args:
+        optimizer: the (wrapped) Keras optimizer; its ``iterations`` keeps counting.
+        config: the optimizer section of the run's config.
+        world_size: the new number of ranks.
+        steps_per_epoch: optimizer steps per epoch at the new world size.
+        epochs: epochs of the run.
+        epochs_done: progress so far, float epochs (completed epochs plus the fraction of the
+            current epoch's examples already trained on).
+
+    Returns:
+        The new schedule (also set on the optimizer).
+    """
+    offset = round(epochs_done * steps_per_epoch) - int(optimizer.iterations.numpy())
+    schedule = _schedule(config, world_size, steps_per_epoch, epochs, step_offset=offset)
+    optimizer.learning_rate = schedule
+    return schedule

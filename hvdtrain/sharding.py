@@ -14,6 +14,11 @@ So, per epoch:
 * step ``s`` over all ranks covers exactly the examples that one process with batch
   ``world_size · local_batch`` takes at step ``s`` -- the basis of the equivalence with
   single-process training.
+
+An elastic job (:mod:`hvdtrain.elastic`) that changes world size mid-epoch continues from the
+position ``first_example`` the old world size reached: the first step takes the examples up to the
+next multiple of the new global batch (a short step, exact because the loss is scaled by the
+global count), and the steps after it are aligned as above.
 """
 from __future__ import annotations
 
@@ -65,25 +70,43 @@ class ShardPlan:
             return np.arange(self.num_examples)
         return np.random.default_rng([self.seed, epoch]).permutation(self.num_examples)
 
-    def global_batch_size(self, step: int) -> int:
-        """Examples over all ranks at ``step``: ``global_batch``, except a shorter last step."""
-        return min(self.global_batch, self.num_examples - step * self.global_batch)
+    def _span(self, step: int, first_example: int = 0) -> tuple:
+        """``(start, end)`` positions in the epoch's permutation that all ranks take at ``step``."""
+        start = max(step * self.global_batch, first_example)
+        return start, min((step + 1) * self.global_batch, self.num_examples)
 
-    def local_slice(self, step: int, rank: int = None) -> slice:
+    def global_batch_size(self, step: int, first_example: int = 0) -> int:
+        """Examples over all ranks at ``step``: ``global_batch``, except a shorter last step (and a
+        shorter first step when the epoch resumes at an unaligned ``first_example``)."""
+        start, end = self._span(step, first_example)
+        return end - start
+
+    def local_slice(self, step: int, rank: int = None, first_example: int = 0) -> slice:
         """Positions in the epoch's permutation that ``rank`` (default: this rank) takes at ``step``."""
         rank = self.rank if rank is None else rank
-        start, size = step * self.global_batch, self.global_batch_size(step)
+        start, end = self._span(step, first_example)
+        size = end - start
         return slice(start + rank * size // self.world_size, start + (rank + 1) * size // self.world_size)
 
-    def epoch(self, epoch: int, first_step: int = 0):
-        """Yield ``(step, local_indices, global_batch_size)`` for the steps of ``epoch`` from ``first_step``.
+    def examples_before(self, step: int) -> int:
+        """Position in the epoch's permutation after ``step`` steps (``step * global_batch``, at most n)."""
+        return min(step * self.global_batch, self.num_examples)
+
+    def epoch(self, epoch: int, first_step: int = 0, first_example: int = 0):
+        """Yield ``(step, local_indices, global_batch_size)`` for the rest of ``epoch``.
+
+        It starts at step ``first_step``, or at position ``first_example`` of the epoch's
+        permutation (the step holding it, shortened to begin there), whichever is later.
 
         ``local_indices`` is int32 ``(b,)`` with ``0 <= b <= local_batch`` (``b == local_batch``
-        except possibly at the last step).
+        except possibly at the first and last steps).
         """
+        if not 0 <= first_example <= self.num_examples:
+            raise ValueError(f"first_example {first_example} outside [0, {self.num_examples}]")
         order = self.permutation(epoch).astype(np.int32)
-        for step in range(first_step, self.steps_per_epoch):
-            yield step, order[self.local_slice(step)], self.global_batch_size(step)
+        for step in range(max(first_step, first_example // self.global_batch), self.steps_per_epoch):
+            yield (step, order[self.local_slice(step, first_example=first_example)],
+                   self.global_batch_size(step, first_example))
 
 
 def eval_shard(num_examples: int, world_size: int, rank: int) -> slice:

@@ -17,6 +17,7 @@ from hvdtrain.checkpoint import CheckpointManager
 from hvdtrain.config import Config
 from hvdtrain.data import Dataset, load_dataset
 from hvdtrain.dist import DistContext, PeerFailure, PeerLost, init_distributed, is_peer_loss
+from hvdtrain.elastic import train_elastic
 from hvdtrain.errors import HvdtrainError
 from hvdtrain.models import build_model
 from hvdtrain.optim import build_optimizer
@@ -153,7 +154,7 @@ class Trainer:
 
     # ---- the loop -------------------------------------------------------------------------------
     def fit(self, start_epoch: int, epochs: int, start_step: int = 0, start_sums=None,
-            checkpoint_every: int = 0) -> dict:
+            checkpoint_every: int = 0, start_example: int = 0, commit_every: int = 0) -> dict:
         """Train from step ``start_step`` of epoch ``start_epoch`` to the end of epoch ``epochs - 1``.
 
         Every rank runs the same steps and collectives in the same order.
@@ -164,6 +165,9 @@ class Trainer:
                 ``start_step`` (from the checkpoint), so that the epoch's metrics stay exact.
             checkpoint_every: also checkpoint every this many steps within an epoch (0: only at the
                 end of epochs); each costs one small allreduce of the metric sums on every rank.
+            start_example: or begin at this position of the epoch's permutation (an elastic job
+                continuing at another world size; see :meth:`ShardPlan.epoch`).
+            commit_every: elastic jobs: commit the state every this many steps (0: never).
 
         Returns:
             The last epoch's metrics (or, with nothing left to train, the test metrics).
@@ -172,21 +176,24 @@ class Trainer:
             cb.on_train_begin(start_epoch, epochs)
         metrics, steps = {}, self.plan.steps_per_epoch
         for epoch in range(start_epoch, epochs):
-            first = start_step if epoch == start_epoch else 0
+            first, first_example = (start_step, start_example) if epoch == start_epoch else (0, 0)
+            first = max(first, first_example // self.plan.global_batch)
             for cb in self.callbacks:
                 cb.on_epoch_begin(epoch, steps, first)
             # The sums of the steps before `first` are global: they enter once, on rank 0.
-            carried = np.asarray(start_sums if first and start_sums is not None else np.zeros(3), np.float64)
+            resumed = (first or first_example) and start_sums is not None
+            carried = np.asarray(start_sums if resumed else np.zeros(3), np.float64)
             self._sums.assign(carried if self.ctx.is_chief else np.zeros(3))
             start = time.perf_counter()
-            for step, indices, global_count in self.plan.epoch(epoch, first_step=first):
+            for step, indices, global_count in self.plan.epoch(epoch, first, first_example):
                 with in_collective(f"the allreduces of epoch {epoch + 1}, step {step + 1}"):
                     self.train_step(indices, np.float32(global_count))
                 self.watchdog.beat(f"epoch {epoch + 1}, step {step + 1}")
                 running = None
                 if (step + 1) % self.log_every == 0:
                     running = self._checked(self._global_mean(self._sums.numpy(), "hvdtrain.running"), epoch, step)
-                if checkpoint_every and (step + 1) % checkpoint_every == 0 and step + 1 < steps:
+                if any(every and (step + 1) % every == 0 for every in (checkpoint_every, commit_every)) \
+                        and step + 1 < steps:
                     sums = self.ctx.allreduce_sum(self._sums.numpy(), name="hvdtrain.checkpoint_sums")
                     self._checked({"loss": sums[0] / max(sums[2], 1.0)}, epoch, step)  # never save a diverged state
                     for cb in self.callbacks:
@@ -199,6 +206,7 @@ class Trainer:
             metrics = {
                 "train_loss": train["loss"], "train_accuracy": train["accuracy"],
                 "test_loss": test["loss"], "test_accuracy": test["accuracy"],
+                "train_examples": train["count"],
                 "images_per_sec": (train["count"] - carried[2]) / elapsed,
                 "epoch_time_s": elapsed,
                 "lr": float(self.optimizer.learning_rate(self.optimizer.iterations))
@@ -214,12 +222,15 @@ class Trainer:
         return metrics
 
 
-def _open_checkpoints(config: Config, run_dir: str, ckpt_dir: str, model, optimizer, layout: dict):
-    """Rank 0: the checkpoint manager and where to start, ``(manager, (epoch, step, sums))``,
-    restoring the latest checkpoint if ``--resume``.
+def open_run_dir(config: Config, run_dir: str, ckpt_dir: str, model, optimizer, fresh: bool) -> CheckpointManager:
+    """Rank 0: create the run directory and the checkpoint manager.
 
-    ``layout`` (world size, local batch, steps per epoch) must match the checkpoint's: a resumed
-    run continues the same sequence of global batches, so these cannot change.
+    Args:
+        fresh: the run starts here (no ``--resume``): refuse a checkpoint directory that already
+            holds checkpoints, which this run would mix with its own.
+
+    Raises:
+        HvdtrainError: if a directory is not writable, or ``fresh`` and checkpoints exist.
     """
     try:
         os.makedirs(run_dir, exist_ok=True)
@@ -230,11 +241,23 @@ def _open_checkpoints(config: Config, run_dir: str, ckpt_dir: str, model, optimi
         raise HvdtrainError(f"log directory {run_dir} is not writable: {e.strerror or e}") from None
     manager = CheckpointManager(ckpt_dir, model, optimizer, keep=config.checkpoint.keep)
     latest = manager.latest()
+    if fresh and latest:
+        raise HvdtrainError(f"checkpoint directory {ckpt_dir} already holds {os.path.basename(latest)}; "
+                            f"pass --resume to continue that run, or choose another --log-dir/--checkpoint-dir")
+    return manager
+
+
+def _open_checkpoints(config: Config, run_dir: str, ckpt_dir: str, model, optimizer, layout: dict):
+    """Rank 0: the checkpoint manager and where to start, ``(manager, (epoch, step, sums))``,
+    restoring the latest checkpoint if ``--resume``.
+
+    ``layout`` (world size, local batch, steps per epoch) must match the checkpoint's: a resumed
+    run continues the same sequence of global batches, so these cannot change.
+    """
+    manager = open_run_dir(config, run_dir, ckpt_dir, model, optimizer, fresh=not config.checkpoint.resume)
     if not config.checkpoint.resume:
-        if latest:
-            raise HvdtrainError(f"checkpoint directory {ckpt_dir} already holds {os.path.basename(latest)}; "
-                                f"pass --resume to continue that run, or choose another --log-dir/--checkpoint-dir")
         return manager, (0, 0, None)
+    latest = manager.latest()
     if latest is None:
         raise HvdtrainError(f"--resume: no checkpoint in {ckpt_dir}")
     meta = manager.restore(latest)
@@ -245,7 +268,18 @@ def _open_checkpoints(config: Config, run_dir: str, ckpt_dir: str, model, optimi
     return manager, (int(meta["epoch"]), int(meta.get("step_in_epoch", 0)), meta.get("epoch_sums"))
 
 
-def _banner(ctx: DistContext, config: Config, dataset: Dataset, plan: ShardPlan, schedule, model,
+def chief_callbacks(config: Config, run_dir: str, manager: CheckpointManager, plan: ShardPlan, optimizer,
+                    meta: dict) -> List[cbs.Callback]:
+    """Rank 0's side effects: progress bar, epoch lines, metrics.jsonl, TensorBoard, checkpoints."""
+    return ([cbs.ProgressBar()] if config.log.progress else []) + [
+        cbs.EpochLine(config.epochs),
+        cbs.JsonlMetrics(run_dir),
+        cbs.TensorBoard(run_dir, plan.steps_per_epoch),
+        cbs.Checkpointer(manager, meta, plan, optimizer.iterations, every_steps=config.checkpoint.every_steps),
+    ]
+
+
+def banner(ctx: DistContext, config: Config, dataset: Dataset, plan: ShardPlan, schedule, model,
             run_dir: str, ckpt_dir: str, start_epoch: int, start_step: int) -> str:
     last = plan.global_batch_size(plan.steps_per_epoch - 1)
     return "\n".join([
@@ -296,15 +330,17 @@ def run(config: Config) -> dict:
     """
     # 1. Init and pin: Horovod up, this process on its own GPU or its own CPU cores.
     ctx = init_distributed(threads=config.runtime.threads, use_gpu=not config.runtime.cpu,
-                           stall_timeout=config.runtime.stall_timeout)
+                           stall_timeout=config.runtime.stall_timeout, elastic=config.elastic.enabled)
     callbacks: List[cbs.Callback] = []
     watchdog = Watchdog(ctx.rank, config.runtime.stall_timeout)
     try:
         # From here on a rank left waiting for a stalled or unreachable peer -- in a start-up
         # collective or in training -- aborts after --stall-timeout instead of hanging.
         watchdog.arm("start-up")
-        # Heartbeats to and from rank 0, so that a stall names the rank that stalled.
-        watchdog.connect(ctx)
+        # Heartbeats to and from rank 0, so that a stall names the rank that stalled. (Not in an
+        # elastic job: its ranks change, and Horovod's driver reports the workers it loses.)
+        if not config.elastic.enabled:
+            watchdog.connect(ctx)
         watchdog.beat("loading data")
         # Same seed everywhere; initial weights are broadcast from rank 0 anyway (step 6).
         tf.keras.utils.set_random_seed(config.seed)
@@ -331,6 +367,10 @@ def run(config: Config) -> dict:
             optimizer, schedule = build_optimizer(config.optim, ctx.size, plan.steps_per_epoch, config.epochs)
             optimizer.build(model.trainable_variables)
 
+        if config.elastic.enabled:
+            # Steps 5-8, re-run whenever workers leave or join (hvdtrain.elastic).
+            return train_elastic(config, ctx, dataset, model, optimizer, watchdog)
+
         # 5. Run directory and checkpoints (rank 0 only writes), restored state on resume.
         run_dir = ctx.broadcast_object(config.log.dir or os.path.join("runs", time.strftime("%Y%m%d-%H%M%S")),
                                        name="hvdtrain.run_dir")
@@ -350,15 +390,10 @@ def run(config: Config) -> dict:
 
         # 7. Rank-0 side effects: banner, progress, logs, checkpoints -- the one chief-only block.
         if ctx.is_chief:
-            print(_banner(ctx, config, dataset, plan, schedule, model, run_dir, ckpt_dir, start_epoch, start_step),
+            print(banner(ctx, config, dataset, plan, schedule, model, run_dir, ckpt_dir, start_epoch, start_step),
                   flush=True)
             meta = {"model": config.model.name, "seed": config.seed, **layout, "config": config.to_dict()}
-            callbacks = ([cbs.ProgressBar()] if config.log.progress else []) + [
-                cbs.EpochLine(config.epochs),
-                cbs.JsonlMetrics(run_dir),
-                cbs.TensorBoard(run_dir, plan.steps_per_epoch),
-                cbs.Checkpointer(manager, meta, plan.steps_per_epoch),
-            ]
+            callbacks = chief_callbacks(config, run_dir, manager, plan, optimizer, meta)
 
         # 8. Train: the same steps on every rank.
         watchdog.beat("the first training step")

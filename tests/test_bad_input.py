@@ -98,6 +98,10 @@ CASES = [
     ("resume with a checkpoint of another model", lambda t, r: resume_from(t, r, model="tests.models:cnn_sync_bn"),
      "was written by another model"),
     ("resume with a corrupt checkpoint", lambda t, r: resume_from(t, r, truncate=True), "corrupt or incompatible"),
+    ("--elastic without an elastic launcher", lambda t, r: [*SYNTHETIC, *MLP, "--elastic"],
+     "--elastic: this process was not started by an elastic launcher"),
+    ("--elastic with gradient accumulation", lambda t, r: ["--elastic", "--backward-passes-per-step", "2"],
+     "--elastic cannot be combined with --backward-passes-per-step 2"),
 ]
 
 

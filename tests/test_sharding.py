@@ -38,6 +38,26 @@ def test_global_batches_do_not_depend_on_world_size():
         assert np.array_equal(together, idx) and global_count == len(idx)
 
 
+@pytest.mark.parametrize("n, before, after, batch, steps_before", [(103, 2, 3, 10, 3), (103, 3, 1, 10, 2),
+                                                                   (50, 1, 2, 7, 7), (20, 2, 4, 3, 0)])
+def test_resizing_mid_epoch_covers_the_rest_once(n, before, after, batch, steps_before):
+    """An elastic resize: the new world size continues at the old position, without repeats or gaps."""
+    old = [ShardPlan(n, batch, before, r, seed=5) for r in range(before)]
+    done = [idx for p in old for step, idx, _ in p.epoch(1) if step < steps_before]
+    position = old[0].examples_before(steps_before)
+    new = [ShardPlan(n, batch, after, r, seed=5) for r in range(after)]
+    rest = [list(p.epoch(1, first_example=position)) for p in new]
+    assert len({len(steps) for steps in rest}) == 1, "every rank runs the same number of steps"
+    for i, (_, _, global_count) in enumerate(rest[0]):
+        assert global_count == sum(len(steps[i][1]) for steps in rest)
+    taken = np.concatenate(done + [idx for steps in rest for _, idx, _ in steps])
+    assert np.array_equal(np.sort(taken), np.arange(n)), "each example exactly once in the epoch"
+    first = rest[0][0] if rest[0] else None
+    if first and position % new[0].global_batch:
+        aligned = min(n, position - position % new[0].global_batch + new[0].global_batch)
+        assert first[2] == aligned - position, "a short first step re-aligns the global batches"
+
+
 def test_eval_shards_cover_each_example_once():
     for n, world_size in [(10000, 2), (1001, 3), (2, 4)]:
         covered = np.concatenate([np.arange(n)[eval_shard(n, world_size, r)] for r in range(world_size)])

@@ -1,0 +1,187 @@
+"""Elastic training: the job keeps training while workers leave and join (Horovod Elastic).
+
+Start it with Horovod's elastic driver, which watches a host-discovery script and restarts the
+collective layer whenever the set of workers changes::
+
+    horovodrun -np 2 --min-np 1 --max-np 4 --host-discovery-script ./discover_hosts.sh \\
+        python -m hvdtrain --elastic --log-dir runs/elastic
+
+What happens, per Horovod's elastic recipe (https://horovod.readthedocs.io/en/stable/elastic_include.html):
+
+* Every ``--commit-every`` steps and at every epoch end, each rank copies the model and optimizer
+  variables and the position in the run (epoch, example within the epoch's permutation, the
+  epoch's global metric sums) to host memory (:class:`TrainingState`).
+* A worker dies: the others' next collective fails (``HorovodInternalError``); they roll back to
+  the last commit, restart Horovod with the workers that are left, and continue.
+* Workers join (the discovery script lists more slots): at the next commit every rank raises
+  ``HostsUpdatedInterrupt``, Horovod restarts with the new workers, and they receive rank 0's
+  state by broadcast before the first step.
+
+After each restart :func:`train_elastic` re-runs the part of the recipe that depends on the world
+size: the shard plan (continuing at the same example of the same epoch's permutation, so no
+example is repeated or skipped), the learning rate (``base_lr · world_size``, warmup and decay
+continued at the same point in epochs), the compiled step, and the rank-0 callbacks (rank 0 may
+now be another process).
+"""
+from __future__ import annotations
+
+import os
+import time
+
+from horovod.common.elastic import ObjectState
+
+from hvdtrain import callbacks as cbs
+from hvdtrain.checkpoint import CheckpointManager
+from hvdtrain.config import Config
+from hvdtrain.dist import DistContext, is_peer_loss
+from hvdtrain.errors import HvdtrainError
+from hvdtrain.optim import rescale_schedule
+from hvdtrain.sharding import ShardPlan
+from hvdtrain.watchdog import Watchdog
+
+
+class TrainingState(ObjectState):
+    """The state an elastic job commits, rolls back to, and sends to workers that join.
+
+    Horovod's ``TensorFlowKerasState`` calls ``optimizer.variables()``, which Keras 2.11+
+    optimizers no longer have; this keeps the same protocol (save/restore/sync) over an explicit
+    list of variables.
+
+    Args:
+        model: the Keras model (built).
+        optimizer: its optimizer, variables built.
+        **kwargs: plain Python values kept with the variables and exposed as attributes:
+            ``epoch`` (completed epochs, int), ``example`` (position in that epoch's permutation,
+            int), ``epoch_sums`` (the epoch's global ``[loss, correct, count]`` so far, or None),
+            ``run_dir`` (str), ``dir_checked`` (bool).
+    """
+
+    def __init__(self, model, optimizer, **kwargs):
+        import horovod.tensorflow as hvd
+
+        self._variables = list(model.variables) + list(optimizer.variables)
+        self._values = [v.numpy() for v in self._variables]
+        super().__init__(bcast_object=hvd.broadcast_object, get_rank=hvd.rank, **kwargs)
+
+    def save(self):
+        """Copy the variables to host memory (a commit; local, no collective)."""
+        self._values = [v.numpy() for v in self._variables]
+        super().save()
+
+    def restore(self):
+        """Roll the variables and attributes back to the last commit."""
+        for variable, value in zip(self._variables, self._values):
+            variable.assign(value)
+        super().restore()
+
+    def sync(self):
+        """Give every rank rank 0's variables and attributes (collective: the broadcasts)."""
+        import horovod.tensorflow as hvd
+
+        hvd.broadcast_variables(self._variables, root_rank=0)
+        self._values = [v.numpy() for v in self._variables]
+        super().sync()
+
+
+def _resume(config: Config, model, optimizer, num_examples: int) -> dict:
+    """The position stored in the latest checkpoint, restored into ``model`` and ``optimizer``.
+
+    Every worker reads it itself (no collective at start-up; see :meth:`DistContext.agree`); the
+    first sync then gives all of them rank 0's.
+    """
+    ckpt_dir = config.checkpoint.dir or os.path.join(config.log.dir, "checkpoints")
+    manager = CheckpointManager(ckpt_dir, model, optimizer, keep=config.checkpoint.keep)
+    latest = manager.latest()
+    if latest is None:
+        raise HvdtrainError(f"--resume: no checkpoint in {ckpt_dir}")
+    meta = manager.restore(latest)
+    if meta.get("batch_size") != config.batch_size:
+        raise HvdtrainError(f"--resume: {latest} was written with --batch-size {meta.get('batch_size')}, this run "
+                            f"has {config.batch_size}; an elastic job may change its world size, not its local batch")
+    step = int(meta.get("step_in_epoch", 0))
+    example = meta.get("example_in_epoch", min(step * meta["world_size"] * meta["batch_size"], num_examples))
+    return {"epoch": int(meta["epoch"]), "example": int(example), "epoch_sums": meta.get("epoch_sums")}
+
+
+def train_elastic(config: Config, ctx: DistContext, dataset, model, optimizer, watchdog: Watchdog) -> dict:
+    """Steps 5-8 of :func:`hvdtrain.train.run` for an elastic job, re-run after every reset.
+
+    Args:
+        config: the run's config (``config.elastic.enabled``).
+        ctx: this process's context as started; refreshed after each reset.
+        dataset, model, optimizer: as built by :func:`hvdtrain.train.run` (not yet broadcast:
+            the first state sync does that).
+        watchdog: the stall watchdog (told of resets, which wait for the driver).
+
+    Returns:
+        The final metrics, as :meth:`Trainer.fit`.
+
+    Raises:
+        HvdtrainError: for bad checkpoints or directories, on the worker that found it (it
+            leaves the job; the driver ends the job when fewer than ``--min-np`` remain).
+    """
+    import horovod.tensorflow as hvd
+    from horovod.common.elastic import run_fn
+    from horovod.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt
+
+    from hvdtrain.train import Trainer, banner, chief_callbacks, open_run_dir
+
+    n = len(dataset.y_train)
+    start = {"epoch": 0, "example": 0, "epoch_sums": None}
+    if config.checkpoint.resume:
+        start = _resume(config, model, optimizer, n)
+    # A worker's own run directory name; rank 0's wins at the first sync.
+    run_dir = config.log.dir or os.path.join("runs", time.strftime("%Y%m%d-%H%M%S"))
+    state = TrainingState(model, optimizer, run_dir=run_dir, dir_checked=config.checkpoint.resume, **start)
+
+    def train(state: TrainingState) -> dict:
+        here = ctx.refreshed()
+        watchdog.rank = here.rank
+        plan = ShardPlan(n, config.batch_size, here.size, here.rank, seed=config.seed)
+        # The learning rate follows the world size; warmup and decay continue where they were.
+        schedule = rescale_schedule(optimizer, config.optim, here.size, plan.steps_per_epoch, config.epochs,
+                                    epochs_done=state.epoch + state.example / n)
+        callbacks = []
+        try:
+            ckpt_dir = config.checkpoint.dir or os.path.join(state.run_dir, "checkpoints")
+            # Rank 0 (perhaps another process than before the reset) opens the run directory; all
+            # ranks agree on the outcome (a collective: every rank is past the sync here).
+            manager = here.guarded("opening the run directory", lambda: open_run_dir(
+                config, state.run_dir, ckpt_dir, model, optimizer, fresh=not state.dir_checked) if here.is_chief
+                else None)
+            if not state.dir_checked:
+                # Once per job: checkpoints found there later are this job's own. Saved on every
+                # rank alike (the state is in sync), so a new rank 0 after a reset knows it too.
+                state.dir_checked = True
+                state.save()
+            if here.is_chief:  # the rank-0 block
+                print(banner(here, config, dataset, plan, schedule, model, state.run_dir, ckpt_dir,
+                             state.epoch, state.example // plan.global_batch), flush=True)
+                callbacks = chief_callbacks(config, state.run_dir, manager, plan, optimizer,
+                                            {"model": config.model.name, "seed": config.seed, "elastic": True,
+                                             "world_size": here.size, "batch_size": config.batch_size,
+                                             "steps_per_epoch": plan.steps_per_epoch, "config": config.to_dict()})
+            callbacks.append(cbs.ElasticCommit(state, plan, config.elastic.commit_every))
+            trainer = Trainer(here, model, optimizer, dataset, plan, log_every=config.log.log_every,
+                              eval_batch_size=config.data.eval_batch_size, callbacks=callbacks, watchdog=watchdog)
+            return trainer.fit(state.epoch, config.epochs, start_sums=state.epoch_sums, start_example=state.example,
+                               checkpoint_every=config.checkpoint.every_steps,
+                               commit_every=config.elastic.commit_every)
+        except (HorovodInternalError, HostsUpdatedInterrupt):
+            raise
+        except Exception as e:  # noqa: BLE001
+            if is_peer_loss(e):  # a worker went away mid-collective: roll back and continue without it
+                raise HorovodInternalError(f"{type(e).__name__}: {e}") from e
+            raise
+        finally:
+            for cb in callbacks:
+                cb.close()
+
+    def reset():
+        # Waits for the driver to form the new set of workers; a stall here is caught as anywhere.
+        watchdog.beat("an elastic reset (waiting for the new set of workers)")
+        hvd.shutdown()
+        hvd.init()
+        watchdog.beat("the state sync after an elastic reset")
+
+    return run_fn(train, reset)(state)

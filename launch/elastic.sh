@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Elastic training: workers may die, be preempted, or join while the job runs (Horovod Elastic).
+#
+# Horovod's elastic driver runs the host-discovery script (default launch/discover_hosts.sh) every
+# second; it prints one "host:slots" line per host that may run workers now. A worker that dies
+# ends only itself: its host is blacklisted, the other ranks roll back to their last in-memory
+# commit (--commit-every steps) and continue with the learning rate and data shards of the new
+# world size. Hosts that appear in the list get workers, up to MAX_NP.
+#
+# Edit (or set in the environment):
+#   DISCOVER  the host-discovery script (default: launch/discover_hosts.sh, which reads HOSTS_FILE)
+#   NP, MIN_NP, MAX_NP   workers to start with, fewest to keep going, most to use
+#   IFACE     network interface the workers talk over. Default: lo for the default discovery
+#             without HOSTS_FILE (this host only), else the interface of the default route.
+#             (Horovod's elastic driver needs it to start on fewer than two hosts.)
+#   ARGS      hvdtrain flags (see: python -m hvdtrain --help); LOG_DIR the run directory
+#   VENV      the virtual environment, at the same path on every host (default: .venv here)
+# Run:  HOSTS_FILE=/shared/hosts.txt NP=4 MIN_NP=2 MAX_NP=8 bash launch/elastic.sh
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+VENV=${VENV:-$PWD/.venv}
+DISCOVER=${DISCOVER:-$PWD/launch/discover_hosts.sh}
+NP=${NP:-2}
+if [[ -z "${IFACE:-}" ]]; then
+  if [[ "$DISCOVER" == "$PWD/launch/discover_hosts.sh" && -z "${HOSTS_FILE:-}" ]]; then
+    IFACE=lo
+  else
+    IFACE=$(awk '$2 == "00000000" {print $1; exit}' /proc/net/route)
+  fi
+fi
+exec "$VENV/bin/horovodrun" -np "$NP" --min-np "${MIN_NP:-1}" --max-np "${MAX_NP:-$NP}" \
+  --host-discovery-script "$DISCOVER" --network-interfaces "${IFACE:-lo}" \
+  "$VENV/bin/python" -m hvdtrain --elastic --log-dir "${LOG_DIR:-runs/elastic}" ${ARGS:-}
