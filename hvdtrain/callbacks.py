@@ -132,9 +132,10 @@ class Checkpointer(Callback):
     """Saves checkpoints at the end of every epoch, and every ``every_steps`` steps within epochs
     (rank 0 only; the state is identical on all ranks).
 
-    Checkpoints are tagged by ``global_step`` (the optimizer's iteration count: it only grows,
-    also when an elastic job changes its steps per epoch); ``epoch`` in the metadata counts
-    completed epochs, ``step_in_epoch`` and ``example_in_epoch`` the position within the next.
+    Checkpoints are tagged by ``global_step`` (the optimizer's iteration count, which keeps
+    growing when an elastic job changes its steps per epoch; only an elastic rollback to an
+    earlier commit rewinds it); ``epoch`` in the metadata counts completed epochs,
+    ``step_in_epoch`` and ``example_in_epoch`` the position within the next.
     """
 
     def __init__(self, manager, meta: dict, plan, global_step, every_steps: int = 0):

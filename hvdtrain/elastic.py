@@ -25,6 +25,7 @@ now be another process).
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 
@@ -53,7 +54,7 @@ class TrainingState(ObjectState):
         **kwargs: plain Python values kept with the variables and exposed as attributes:
             ``epoch`` (completed epochs, int), ``example`` (position in that epoch's permutation,
             int), ``epoch_sums`` (the epoch's global ``[loss, correct, count]`` so far, or None),
-            ``run_dir`` (str), ``dir_checked`` (bool).
+            ``run_dir`` (str), ``dir_checked`` (bool), ``resume_pending`` (bool).
     """
 
     def __init__(self, model, optimizer, **kwargs):
@@ -75,19 +76,46 @@ class TrainingState(ObjectState):
         super().restore()
 
     def sync(self):
-        """Give every rank rank 0's variables and attributes (collective: the broadcasts)."""
+        """Give every rank rank 0's variables and attributes (collective: the broadcasts).
+
+        Raises:
+            HorovodInternalError: if a worker is lost meanwhile (a joining worker that failed
+                its start-up, say), so that Horovod's elastic loop resets again without it.
+        """
         import horovod.tensorflow as hvd
 
-        hvd.broadcast_variables(self._variables, root_rank=0)
-        self._values = [v.numpy() for v in self._variables]
-        super().sync()
+        with _peer_loss_as_reset():
+            hvd.broadcast_variables(self._variables, root_rank=0)
+            self._values = [v.numpy() for v in self._variables]
+            super().sync()
+
+
+@contextlib.contextmanager
+def _peer_loss_as_reset():
+    """Turn the errors of a collective whose peer went away into Horovod's ``HorovodInternalError``.
+
+    TensorFlow reports them as its own error types; Horovod's elastic loop rolls back and resets
+    only on ``HorovodInternalError``. Any other error passes unchanged.
+    """
+    from horovod.common.exceptions import HorovodInternalError
+
+    try:
+        yield
+    except HorovodInternalError:
+        raise
+    except Exception as e:  # noqa: BLE001
+        if is_peer_loss(e):
+            raise HorovodInternalError(f"{type(e).__name__}: {e}") from e
+        raise
 
 
 def _resume(config: Config, model, optimizer, num_examples: int) -> dict:
-    """The position stored in the latest checkpoint, restored into ``model`` and ``optimizer``.
+    """Rank 0: restore the latest checkpoint into ``model`` and ``optimizer``; return its position.
 
-    Every worker reads it itself (no collective at start-up; see :meth:`DistContext.agree`); the
-    first sync then gives all of them rank 0's.
+    The position is in examples, so the job may resume at any world size.
+
+    Raises:
+        HvdtrainError: no checkpoint, an unreadable one, or one of another model or local batch.
     """
     ckpt_dir = config.checkpoint.dir or os.path.join(config.log.dir, "checkpoints")
     manager = CheckpointManager(ckpt_dir, model, optimizer, keep=config.checkpoint.keep)
@@ -122,21 +150,30 @@ def train_elastic(config: Config, ctx: DistContext, dataset, model, optimizer, w
     """
     import horovod.tensorflow as hvd
     from horovod.common.elastic import run_fn
-    from horovod.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt
+    from horovod.common.exceptions import HostsUpdatedInterrupt
 
-    from hvdtrain.train import Trainer, banner, chief_callbacks, open_run_dir
+    from hvdtrain.train import Trainer, banner, broadcast_state, chief_callbacks, open_run_dir
 
     n = len(dataset.y_train)
-    start = {"epoch": 0, "example": 0, "epoch_sums": None}
-    if config.checkpoint.resume:
-        start = _resume(config, model, optimizer, n)
     # A worker's own run directory name; rank 0's wins at the first sync.
     run_dir = config.log.dir or os.path.join("runs", time.strftime("%Y%m%d-%H%M%S"))
-    state = TrainingState(model, optimizer, run_dir=run_dir, dir_checked=config.checkpoint.resume, **start)
+    state = TrainingState(model, optimizer, epoch=0, example=0, epoch_sums=None, run_dir=run_dir,
+                          dir_checked=config.checkpoint.resume, resume_pending=config.checkpoint.resume)
 
-    def train(state: TrainingState) -> dict:
+    def train_once(state: TrainingState) -> dict:
+        """Steps 5-8 with the current workers, from the state's position (after a sync)."""
         here = ctx.refreshed()
+        watchdog.beat("the first step after an elastic (re)start")
         watchdog.rank = here.rank
+        if state.resume_pending:
+            # Once per job, at its first start: rank 0 reads the checkpoint and sends it to all.
+            # (Workers that join later receive resume_pending=False, and the state, by sync.)
+            position = here.guarded("restoring the checkpoint", lambda: _resume(config, model, optimizer, n)
+                                    if here.is_chief else None)
+            vars(state).update(here.broadcast_object(position, name="hvdtrain.elastic.resume"))
+            broadcast_state(here, model, optimizer)
+            state.resume_pending = False
+            state.save()
         plan = ShardPlan(n, config.batch_size, here.size, here.rank, seed=config.seed)
         # The learning rate follows the world size; warmup and decay continue where they were.
         schedule = rescale_schedule(optimizer, config.optim, here.size, plan.steps_per_epoch, config.epochs,
@@ -167,21 +204,24 @@ def train_elastic(config: Config, ctx: DistContext, dataset, model, optimizer, w
             return trainer.fit(state.epoch, config.epochs, start_sums=state.epoch_sums, start_example=state.example,
                                checkpoint_every=config.checkpoint.every_steps,
                                commit_every=config.elastic.commit_every)
-        except (HorovodInternalError, HostsUpdatedInterrupt):
-            raise
-        except Exception as e:  # noqa: BLE001
-            if is_peer_loss(e):  # a worker went away mid-collective: roll back and continue without it
-                raise HorovodInternalError(f"{type(e).__name__}: {e}") from e
-            raise
+        except HostsUpdatedInterrupt:
+            # Sync after every change, also when workers only left: by the time the driver
+            # re-forms the job a worker may have joined too, and it waits in the sync
+            # (horovod/horovod#3494: skipping it there deadlocks).
+            raise HostsUpdatedInterrupt(False) from None
         finally:
             for cb in callbacks:
                 cb.close()
 
+    def train(state: TrainingState) -> dict:
+        with _peer_loss_as_reset():  # a worker lost mid-collective: roll back and go on without it
+            return train_once(state)
+
     def reset():
-        # Waits for the driver to form the new set of workers; a stall here is caught as anywhere.
-        watchdog.beat("an elastic reset (waiting for the new set of workers)")
+        # Waits for the driver to form the new set of workers (up to its --elastic-timeout), then
+        # for joining workers to start up: not a stall. The watchdog resumes at the next beat.
+        watchdog.pause("an elastic reset")
         hvd.shutdown()
         hvd.init()
-        watchdog.beat("the state sync after an elastic reset")
 
     return run_fn(train, reset)(state)

@@ -261,6 +261,9 @@ def _open_checkpoints(config: Config, run_dir: str, ckpt_dir: str, model, optimi
     if latest is None:
         raise HvdtrainError(f"--resume: no checkpoint in {ckpt_dir}")
     meta = manager.restore(latest)
+    if meta.get("elastic"):
+        raise HvdtrainError(f"--resume: {latest} was written by an elastic job, whose steps mix world sizes; "
+                            f"resume it with --elastic")
     theirs = {key: meta.get(key) for key in layout}
     if theirs != layout:
         raise HvdtrainError(f"--resume: {latest} was written by a run with {theirs}, this run has {layout}; "
@@ -281,6 +284,8 @@ def chief_callbacks(config: Config, run_dir: str, manager: CheckpointManager, pl
 
 def banner(ctx: DistContext, config: Config, dataset: Dataset, plan: ShardPlan, schedule, model,
             run_dir: str, ckpt_dir: str, start_epoch: int, start_step: int) -> str:
+    """Rank 0's start-up lines: world size and pinning, data, batch arithmetic, learning rate,
+    model, run directory and where training starts (0-based ``start_epoch``/``start_step``)."""
     last = plan.global_batch_size(plan.steps_per_epoch - 1)
     return "\n".join([
         f"hvdtrain: world size {ctx.size} ({ctx.local_size} local rank(s) x {ctx.cross_size} host(s)), "

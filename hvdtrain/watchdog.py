@@ -108,6 +108,7 @@ class Watchdog:
         self.rank, self.timeout_s, self.poll_s = rank, float(timeout_s), poll_s
         self._last = time.monotonic()
         self._where = "starting"
+        self._paused = False
         self._stop = threading.Event()
         self._thread = None
         self._sock: Optional[socket.socket] = None
@@ -154,9 +155,19 @@ class Watchdog:
         self._local_pids = {r: everyone[r]["pid"] for r in peers if everyone[r]["host"] == host}
 
     def beat(self, where: str) -> None:
-        """Record progress; ``where`` (e.g. ``"epoch 2, step 17"``) is reported if the next beat never comes."""
+        """Record progress; ``where`` (e.g. ``"epoch 2, step 17"``) is reported if the next beat never comes.
+
+        Also ends a :meth:`pause`.
+        """
         self._last = time.monotonic()
         self._where = where
+        self._paused = False
+
+    def pause(self, where: str) -> None:
+        """Stop the stall check until the next :meth:`beat`: for waits that are not stalls (an
+        elastic reset waits for the driver and for joining workers to start up)."""
+        self._where = where
+        self._paused = True
 
     def close(self) -> None:
         """Stop watching (call in ``finally``)."""
@@ -242,7 +253,7 @@ class Watchdog:
             except Exception:  # noqa: BLE001 -- heartbeats are best effort; the stall check must go on
                 pass
             idle = time.monotonic() - self._last
-            if self.timeout_s <= 0 or idle <= self.timeout_s:
+            if self.timeout_s <= 0 or idle <= self.timeout_s or self._paused:
                 continue
             if self.rank != 0 and (self._chief_alive() or self.rank != 1):
                 # Rank 0 hears every rank's heartbeat, times out too and prints the diagnosis once;

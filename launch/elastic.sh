@@ -2,16 +2,17 @@
 # Elastic training: workers may die, be preempted, or join while the job runs (Horovod Elastic).
 #
 # Horovod's elastic driver runs the host-discovery script (default launch/discover_hosts.sh) every
-# second; it prints one "host:slots" line per host that may run workers now. A worker that dies
-# ends only itself: its host is blacklisted, the other ranks roll back to their last in-memory
-# commit (--commit-every steps) and continue with the learning rate and data shards of the new
-# world size. Hosts that appear in the list get workers, up to MAX_NP.
+# second; it prints one "host:slots" line per host that may run workers now. When a worker dies,
+# Horovod blacklists its host (and ends the other workers there); the workers on the other hosts
+# roll back to their last in-memory commit (--commit-every steps) and continue with the learning
+# rate and data shards of the new world size. Hosts that appear in the list get workers, up to
+# MAX_NP. (On one machine the default discovery lists it under several names, one slot each.)
 #
 # Edit (or set in the environment):
 #   DISCOVER  the host-discovery script (default: launch/discover_hosts.sh, which reads HOSTS_FILE)
 #   NP, MIN_NP, MAX_NP   workers to start with, fewest to keep going, most to use
 #   IFACE     network interface the workers talk over. Default: lo for the default discovery
-#             without HOSTS_FILE (this host only), else the interface of the default route.
+#             without HOSTS_FILE (this machine only), else the interface of the default route.
 #             (Horovod's elastic driver needs it to start on fewer than two hosts.)
 #   ARGS      hvdtrain flags (see: python -m hvdtrain --help); LOG_DIR the run directory
 #   VENV      the virtual environment, at the same path on every host (default: .venv here)

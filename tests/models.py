@@ -106,3 +106,14 @@ def hangs_on_rank_1(input_shape, num_classes):
 
         time.sleep(10**6)
     return mlp(input_shape, num_classes)
+
+
+def fails_where_marker_exists(input_shape, num_classes):
+    """:func:`cnn_sync_bn`, but raises in a worker that starts after the file named by
+    ``HVDTRAIN_TEST_FAIL_MARKER`` was created (an elastic worker that joins late and fails its start-up)."""
+    import os
+
+    marker = os.environ.get("HVDTRAIN_TEST_FAIL_MARKER", "")
+    if marker and os.path.exists(marker):
+        raise RuntimeError("this worker's start-up fails (test)")
+    return cnn_sync_bn(input_shape, num_classes)

@@ -134,3 +134,45 @@ def test_elastic_resume_continues_mid_epoch_at_another_world_size(tmp_path):
     # The resumed epoch continued at the checkpoint's example: with the examples trained before
     # it (carried in the checkpoint's metric sums), each example once.
     assert all(e["train_examples"] == NUM_TRAIN for e in epochs), [e["train_examples"] for e in epochs]
+
+
+def test_launch_script_runs_an_elastic_job_on_this_host(tmp_path):
+    """launch/elastic.sh with its default discovery (this host, 2 slots) trains and exits 0."""
+    env = rank_env({"VENV": str(BIN.parent), "LOG_DIR": str(tmp_path / "run"),
+                    "ARGS": "--dataset synthetic --epochs 1 --threads 1 --no-progress"})
+    proc = subprocess.run(["bash", str(REPO / "launch" / "elastic.sh")], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=240)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    epochs = _epochs(tmp_path / "run" / "metrics.jsonl")
+    assert [e["world_size"] for e in epochs] == [2] and epochs[0]["train_examples"] == NUM_TRAIN
+
+
+def test_a_worker_that_fails_while_joining_is_left_out(tmp_path):
+    """The survivors wait for a joining worker in the state sync; if it fails instead, they go on without it."""
+    hosts = tmp_path / "hosts"
+    hosts.write_text("localhost:1\n")
+    discover = tmp_path / "discover_hosts.sh"
+    discover.write_text(f"#!/bin/sh\ncat {hosts}\n")
+    discover.chmod(0o755)
+    marker = tmp_path / "joiners-fail"
+    log = tmp_path / "run" / "metrics.jsonl"
+    argv = [str(BIN / "horovodrun"), "-np", "1", "--min-np", "1", "--max-np", "2", "--host-discovery-script",
+            str(discover), "--network-interfaces", "lo", sys.executable, "-m", "hvdtrain", "--elastic",
+            "--commit-every", "5", "--dataset", "synthetic", "--model", "tests.models:fails_where_marker_exists",
+            "--epochs", "6", "--batch-size", "32", "--threads", "1", "--no-progress", "--log-dir", str(tmp_path / "run")]
+    job = subprocess.Popen(argv, cwd=REPO, env=rank_env({"HVDTRAIN_TEST_FAIL_MARKER": str(marker)}),
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        _wait_for("the first epoch", lambda: len(_epochs(log)) >= 1, job)
+        marker.touch()
+        with open(hosts, "a") as f:
+            f.write("127.0.0.1:1\n")
+        out, _ = job.communicate(timeout=300)
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+    assert job.returncode == 0, out[-5000:]
+    assert "this worker's start-up fails (test)" in out, out[-3000:]
+    epochs = _epochs(log)
+    assert [e["epoch"] for e in epochs] == list(range(1, 7)) and {e["world_size"] for e in epochs} == {1}
+    assert all(e["train_examples"] == NUM_TRAIN for e in epochs)
