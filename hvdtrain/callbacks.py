@@ -157,13 +157,16 @@ class Checkpointer(Callback):
                          "metrics": metrics})
 
     def _save(self, meta):
+        import tensorflow as tf
+
         from hvdtrain.errors import HvdtrainError
 
         tag = int(self.global_step.numpy())
         try:
             self.manager.save(tag=tag, meta=meta)
-        except OSError as e:  # disk full, directory removed...: the previous checkpoints are intact
-            raise HvdtrainError(f"cannot write checkpoint {tag} in {self.manager.directory}: {e}") from None
+        except (OSError, tf.errors.OpError) as e:  # disk full, directory removed...: earlier checkpoints are intact
+            reason = e.message.splitlines()[0] if isinstance(e, tf.errors.OpError) else e
+            raise HvdtrainError(f"cannot write checkpoint {tag} in {self.manager.directory}: {reason}") from None
 
 
 class ElasticCommit(Callback):

@@ -200,7 +200,8 @@ def train_elastic(config: Config, ctx: DistContext, dataset, model, optimizer, w
                                              "steps_per_epoch": plan.steps_per_epoch, "config": config.to_dict()})
             callbacks.append(cbs.ElasticCommit(state, plan, config.elastic.commit_every))
             trainer = Trainer(here, model, optimizer, dataset, plan, log_every=config.log.log_every,
-                              eval_batch_size=config.data.eval_batch_size, callbacks=callbacks, watchdog=watchdog)
+                              eval_batch_size=config.data.eval_batch_size, callbacks=callbacks, watchdog=watchdog,
+                              agree_on_side_effects=True)
             return trainer.fit(state.epoch, config.epochs, start_sums=state.epoch_sums, start_example=state.example,
                                checkpoint_every=config.checkpoint.every_steps,
                                commit_every=config.elastic.commit_every)

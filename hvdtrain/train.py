@@ -61,6 +61,8 @@ class Trainer:
         eval_batch_size: evaluation batch per rank.
         callbacks: side effects; chief-only ones only on the chief.
         watchdog: told of every finished step; aborts the rank if progress stops.
+        agree_on_side_effects: every rank agrees on the outcome of rank 0's checkpoint and log
+            writes before the other callbacks run (elastic jobs; see :meth:`_checkpoint_hook`).
 
     Raises:
         ValueError: if a chief-only callback is given to another rank.
@@ -68,8 +70,9 @@ class Trainer:
 
     def __init__(self, ctx: DistContext, model: tf.keras.Model, optimizer, dataset: Dataset, plan: ShardPlan,
                  log_every: int = 50, eval_batch_size: int = 1000, callbacks: Optional[List[cbs.Callback]] = None,
-                 watchdog: Optional[Watchdog] = None):
+                 watchdog: Optional[Watchdog] = None, agree_on_side_effects: bool = False):
         self.ctx, self.model, self.optimizer, self.plan = ctx, model, optimizer, plan
+        self.agree_on_side_effects = agree_on_side_effects
         self.watchdog = watchdog or Watchdog(ctx.rank, timeout_s=0)
         self.log_every, self.eval_batch_size = log_every, eval_batch_size
         self.callbacks = list(callbacks or [])
@@ -152,6 +155,31 @@ class Trainer:
             self.watchdog.beat(f"evaluation batch at example {start}")
         return self._global_mean(sums, "hvdtrain.eval")
 
+    def _checkpoint_hook(self, hook: str, *args) -> None:
+        """Call ``hook`` (``on_mid_epoch_checkpoint`` or ``on_epoch_end``) on every callback.
+
+        With ``agree_on_side_effects`` (elastic jobs): rank 0's callbacks first, then every rank
+        agrees on their outcome (one small allreduce), then the others (the commit). An error in
+        rank 0's writes (a full disk, say) then stops every rank together, instead of each new
+        rank 0 meeting it in turn after a reset; and a rank 0 lost mid-write makes the others
+        roll back before they commit past what it wrote.
+        """
+        if not self.agree_on_side_effects:
+            for cb in self.callbacks:
+                getattr(cb, hook)(*args)
+            return
+        error = None
+        try:
+            for cb in self.callbacks:
+                if cb.chief_only:
+                    getattr(cb, hook)(*args)
+        except Exception as e:  # noqa: BLE001 -- re-raised by agree() on this rank
+            error = e
+        self.ctx.agree(error, "writing logs and checkpoints")
+        for cb in self.callbacks:
+            if not cb.chief_only:
+                getattr(cb, hook)(*args)
+
     # ---- the loop -------------------------------------------------------------------------------
     def fit(self, start_epoch: int, epochs: int, start_step: int = 0, start_sums=None,
             checkpoint_every: int = 0, start_example: int = 0, commit_every: int = 0) -> dict:
@@ -196,8 +224,7 @@ class Trainer:
                         and step + 1 < steps:
                     sums = self.ctx.allreduce_sum(self._sums.numpy(), name="hvdtrain.checkpoint_sums")
                     self._checked({"loss": sums[0] / max(sums[2], 1.0)}, epoch, step)  # never save a diverged state
-                    for cb in self.callbacks:
-                        cb.on_mid_epoch_checkpoint(epoch, step + 1, sums)
+                    self._checkpoint_hook("on_mid_epoch_checkpoint", epoch, step + 1, sums)
                 for cb in self.callbacks:
                     cb.on_step_end(epoch, step, running)
             train = self._checked(self._global_mean(self._sums.numpy(), "hvdtrain.train"), epoch, steps - 1)
@@ -213,8 +240,7 @@ class Trainer:
                 if callable(self.optimizer.learning_rate) else float(self.optimizer.learning_rate),
                 "world_size": self.ctx.size,
             }
-            for cb in self.callbacks:
-                cb.on_epoch_end(epoch, metrics)
+            self._checkpoint_hook("on_epoch_end", epoch, metrics)
             self.watchdog.beat(f"the end of epoch {epoch + 1}")
         if not metrics:  # nothing left to train (epochs reached): report the test metrics
             test = self.evaluate()

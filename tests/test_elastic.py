@@ -7,6 +7,7 @@ one alias, and appending another to the list adds a worker.
 """
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -176,3 +177,34 @@ def test_a_worker_that_fails_while_joining_is_left_out(tmp_path):
     epochs = _epochs(log)
     assert [e["epoch"] for e in epochs] == list(range(1, 7)) and {e["world_size"] for e in epochs} == {1}
     assert all(e["train_examples"] == NUM_TRAIN for e in epochs)
+
+
+def test_an_error_in_rank_0s_writes_stops_every_worker_once(tmp_path):
+    """A checkpoint that cannot be written ends the elastic job at once, with one message, instead
+    of each new rank 0 meeting the same error after a reset."""
+    hosts = tmp_path / "hosts"
+    hosts.write_text("localhost:1\n127.0.0.1:1\n")
+    discover = tmp_path / "discover_hosts.sh"
+    discover.write_text(f"#!/bin/sh\ncat {hosts}\n")
+    discover.chmod(0o755)
+    run_dir = tmp_path / "run"
+    argv = [str(BIN / "horovodrun"), "-np", "2", "--min-np", "1", "--max-np", "2", "--host-discovery-script",
+            str(discover), sys.executable, "-m", "hvdtrain", "--elastic", "--dataset", "synthetic", "--model",
+            "tests.models:cnn_sync_bn", "--epochs", "20", "--batch-size", "32", "--threads", "1", "--no-progress",
+            "--log-dir", str(run_dir)]
+    job = subprocess.Popen(argv, cwd=REPO, env=rank_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           text=True, start_new_session=True)
+    try:
+        _wait_for("the first checkpoint", lambda: any(run_dir.glob("checkpoints/ckpt-*/meta.json")), job)
+        shutil.rmtree(run_dir / "checkpoints")
+        (run_dir / "checkpoints").write_text("a file where the checkpoint directory was\n")
+        blocked = time.time()
+        out, _ = job.communicate(timeout=120)
+        seconds = time.time() - blocked
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+    assert job.returncode != 0, out[-3000:]
+    assert out.count("hvdtrain: error: cannot write checkpoint") == 1, out[-5000:]
+    assert seconds < 60, f"took {seconds:.0f} s"
+    assert len(_epochs(run_dir / "metrics.jsonl")) <= 2
