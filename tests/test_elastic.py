@@ -38,6 +38,38 @@ def _epochs(log):
     return [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
 
 
+def _elastic_job(tmp_path, hosts, np_, max_np, args, env=None):
+    """Start ``horovodrun --min-np 1`` with a discovery script that prints the file ``tmp_path/hosts``
+    (first written with ``hosts``; append to it to add workers) and ``hvdtrain --elastic``.
+
+    Returns ``(job, hosts_file)``; the job's output is on ``job.stdout`` (stderr merged).
+    """
+    hosts_file = tmp_path / "hosts"
+    hosts_file.write_text("".join(f"{h}:1\n" for h in hosts))
+    discover = tmp_path / "discover_hosts.sh"
+    discover.write_text(f"#!/bin/sh\ncat {hosts_file}\n")
+    discover.chmod(0o755)
+    # Horovod's elastic driver starts on a single host only when told the interface.
+    single_host = ["--network-interfaces", "lo"] if len(hosts) == 1 else []
+    argv = [str(BIN / "horovodrun"), "-np", str(np_), "--min-np", "1", "--max-np", str(max_np),
+            "--host-discovery-script", str(discover), *single_host,
+            sys.executable, "-m", "hvdtrain", "--elastic", "--dataset", "synthetic", "--batch-size", "32",
+            "--threads", "1", "--no-progress", "--log-dir", str(tmp_path / "run"), *args]
+    job = subprocess.Popen(argv, cwd=REPO, env=rank_env(env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           text=True, start_new_session=True)
+    return job, hosts_file
+
+
+def _finish(job, timeout=300):
+    """Wait for the job; return its output (kill its process group if it is still running)."""
+    try:
+        return job.communicate(timeout=timeout)[0]
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+            job.communicate()
+
+
 def _wait_for(what, condition, job, timeout=240):
     deadline = time.time() + timeout
     while time.time() < deadline:
@@ -54,20 +86,9 @@ def test_elastic_job_survives_a_killed_chief_and_uses_a_worker_added_back(tmp_pa
     third = _third_local_alias()
     if third is None:
         pytest.skip("this machine has no non-loopback IPv4 address to use as a third local host")
-    hosts = tmp_path / "hosts"
-    hosts.write_text("localhost:1\n127.0.0.1:1\n")
-    discover = tmp_path / "discover_hosts.sh"
-    discover.write_text(f"#!/bin/sh\ncat {hosts}\n")
-    discover.chmod(0o755)
-    log_dir = tmp_path / "run"
-    log = log_dir / "metrics.jsonl"
-    argv = [str(BIN / "horovodrun"), "-np", "2", "--min-np", "1", "--max-np", "2",
-            "--host-discovery-script", str(discover),
-            sys.executable, "-m", "hvdtrain", "--elastic", "--commit-every", "5", "--dataset", "synthetic",
-            "--epochs", str(EPOCHS), "--batch-size", "32",
-            "--threads", "1", "--no-progress", "--log-dir", str(log_dir)]
-    job = subprocess.Popen(argv, cwd=REPO, env=rank_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                           text=True, start_new_session=True)
+    log = tmp_path / "run" / "metrics.jsonl"
+    job, hosts = _elastic_job(tmp_path, ["localhost", "127.0.0.1"], 2, 2,
+                              ["--commit-every", "5", "--epochs", str(EPOCHS)])
     try:
         chief = rank_pid(job, 0)
         _wait_for("the first epoch", lambda: len(_epochs(log)) >= 1, job)
@@ -76,10 +97,8 @@ def test_elastic_job_survives_a_killed_chief_and_uses_a_worker_added_back(tmp_pa
         _wait_for("an epoch at world size 1", lambda: any(e["world_size"] == 1 for e in _epochs(log)), job)
         with open(hosts, "a") as f:
             f.write(f"{third}:1\n")
-        out, _ = job.communicate(timeout=300)
     finally:
-        if job.poll() is None:
-            os.killpg(job.pid, signal.SIGKILL)
+        out = _finish(job)
     assert job.returncode == 0, out[-5000:]
 
     epochs = _epochs(log)
@@ -96,38 +115,23 @@ def test_elastic_job_survives_a_killed_chief_and_uses_a_worker_added_back(tmp_pa
 
 def test_elastic_resume_continues_mid_epoch_at_another_world_size(tmp_path):
     """Kill the whole job after a mid-epoch checkpoint at world size 2; resume it on 1 worker."""
-    hosts = tmp_path / "hosts"
-    discover = tmp_path / "discover_hosts.sh"
-    discover.write_text(f"#!/bin/sh\ncat {hosts}\n")
-    discover.chmod(0o755)
     log_dir = tmp_path / "run"
-
-    def start(np_, *extra):
-        hosts.write_text("localhost:1\n127.0.0.1:1\n" if np_ == 2 else "localhost:1\n")
-        argv = [str(BIN / "horovodrun"), "-np", str(np_), "--min-np", str(np_), "--max-np", str(np_),
-                "--host-discovery-script", str(discover), "--network-interfaces", "lo",
-                sys.executable, "-m", "hvdtrain", "--elastic", "--dataset", "synthetic", "--model",
-                "tests.models:cnn_sync_bn", "--epochs", "2", "--batch-size", "32", "--threads", "1",
-                "--no-progress", "--log-dir", str(log_dir), *extra]
-        return subprocess.Popen(argv, cwd=REPO, env=rank_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                text=True, start_new_session=True)
+    args = ["--model", "tests.models:cnn_sync_bn", "--epochs", "2"]
 
     def mid_epoch_checkpoint():
-        for meta in (log_dir / "checkpoints").glob("ckpt-*/meta.json"):
-            if json.loads(meta.read_text())["step_in_epoch"]:
-                return True
-        return False
+        return any(json.loads(meta.read_text())["step_in_epoch"]
+                   for meta in log_dir.glob("checkpoints/ckpt-*/meta.json"))
 
-    job = start(2, "--checkpoint-every", "30")
+    job, _ = _elastic_job(tmp_path, ["localhost", "127.0.0.1"], 2, 2, [*args, "--checkpoint-every", "30"])
     try:
-        _wait_for("a mid-epoch checkpoint", lambda: (log_dir / "checkpoints").exists() and mid_epoch_checkpoint(), job)
+        _wait_for("a mid-epoch checkpoint", mid_epoch_checkpoint, job)
     finally:
         os.killpg(job.pid, signal.SIGKILL)
         job.communicate()
-    assert not (log_dir / "metrics.jsonl").exists() or len(_epochs(log_dir / "metrics.jsonl")) < 2
+    assert len(_epochs(log_dir / "metrics.jsonl")) < 2
 
-    job = start(1, "--resume")
-    out, _ = job.communicate(timeout=240)
+    job, _ = _elastic_job(tmp_path, ["localhost"], 1, 1, [*args, "--resume"])
+    out = _finish(job)
     assert job.returncode == 0, out[-4000:]
     assert "resuming at step" in out, out[-3000:]
     epochs = _epochs(log_dir / "metrics.jsonl")
@@ -150,28 +154,18 @@ def test_launch_script_runs_an_elastic_job_on_this_host(tmp_path):
 
 def test_a_worker_that_fails_while_joining_is_left_out(tmp_path):
     """The survivors wait for a joining worker in the state sync; if it fails instead, they go on without it."""
-    hosts = tmp_path / "hosts"
-    hosts.write_text("localhost:1\n")
-    discover = tmp_path / "discover_hosts.sh"
-    discover.write_text(f"#!/bin/sh\ncat {hosts}\n")
-    discover.chmod(0o755)
     marker = tmp_path / "joiners-fail"
     log = tmp_path / "run" / "metrics.jsonl"
-    argv = [str(BIN / "horovodrun"), "-np", "1", "--min-np", "1", "--max-np", "2", "--host-discovery-script",
-            str(discover), "--network-interfaces", "lo", sys.executable, "-m", "hvdtrain", "--elastic",
-            "--commit-every", "5", "--dataset", "synthetic", "--model", "tests.models:fails_where_marker_exists",
-            "--epochs", "6", "--batch-size", "32", "--threads", "1", "--no-progress", "--log-dir", str(tmp_path / "run")]
-    job = subprocess.Popen(argv, cwd=REPO, env=rank_env({"HVDTRAIN_TEST_FAIL_MARKER": str(marker)}),
-                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    job, hosts = _elastic_job(tmp_path, ["localhost"], 1, 2,
+                              ["--commit-every", "5", "--model", "tests.models:fails_where_marker_exists",
+                               "--epochs", "6"], env={"HVDTRAIN_TEST_FAIL_MARKER": str(marker)})
     try:
         _wait_for("the first epoch", lambda: len(_epochs(log)) >= 1, job)
         marker.touch()
         with open(hosts, "a") as f:
             f.write("127.0.0.1:1\n")
-        out, _ = job.communicate(timeout=300)
     finally:
-        if job.poll() is None:
-            os.killpg(job.pid, signal.SIGKILL)
+        out = _finish(job)
     assert job.returncode == 0, out[-5000:]
     assert "this worker's start-up fails (test)" in out, out[-3000:]
     epochs = _epochs(log)
@@ -182,28 +176,17 @@ def test_a_worker_that_fails_while_joining_is_left_out(tmp_path):
 def test_an_error_in_rank_0s_writes_stops_every_worker_once(tmp_path):
     """A checkpoint that cannot be written ends the elastic job at once, with one message, instead
     of each new rank 0 meeting the same error after a reset."""
-    hosts = tmp_path / "hosts"
-    hosts.write_text("localhost:1\n127.0.0.1:1\n")
-    discover = tmp_path / "discover_hosts.sh"
-    discover.write_text(f"#!/bin/sh\ncat {hosts}\n")
-    discover.chmod(0o755)
     run_dir = tmp_path / "run"
-    argv = [str(BIN / "horovodrun"), "-np", "2", "--min-np", "1", "--max-np", "2", "--host-discovery-script",
-            str(discover), sys.executable, "-m", "hvdtrain", "--elastic", "--dataset", "synthetic", "--model",
-            "tests.models:cnn_sync_bn", "--epochs", "20", "--batch-size", "32", "--threads", "1", "--no-progress",
-            "--log-dir", str(run_dir)]
-    job = subprocess.Popen(argv, cwd=REPO, env=rank_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                           text=True, start_new_session=True)
+    job, _ = _elastic_job(tmp_path, ["localhost", "127.0.0.1"], 2, 2,
+                          ["--model", "tests.models:cnn_sync_bn", "--epochs", "20"])
     try:
         _wait_for("the first checkpoint", lambda: any(run_dir.glob("checkpoints/ckpt-*/meta.json")), job)
         shutil.rmtree(run_dir / "checkpoints")
         (run_dir / "checkpoints").write_text("a file where the checkpoint directory was\n")
         blocked = time.time()
-        out, _ = job.communicate(timeout=120)
-        seconds = time.time() - blocked
     finally:
-        if job.poll() is None:
-            os.killpg(job.pid, signal.SIGKILL)
+        out = _finish(job, timeout=120)
+    seconds = time.time() - blocked
     assert job.returncode != 0, out[-3000:]
     assert out.count("hvdtrain: error: cannot write checkpoint") == 1, out[-5000:]
     assert seconds < 60, f"took {seconds:.0f} s"
