@@ -1,8 +1,9 @@
 """Side effects of training (printing, logging, checkpointing), as callbacks.
 
 Callbacks marked ``chief_only = True`` run on rank 0 only: :func:`hvdtrain.train.run` creates them in
-its one rank-0 block and :class:`hvdtrain.train.Trainer` refuses them on other ranks. No callback
-runs a collective, so what they do cannot desynchronise the ranks.
+its one rank-0 block and :class:`hvdtrain.train.Trainer` refuses them on other ranks. No chief-only
+callback runs a collective, so what they do cannot desynchronise the ranks; the one callback that
+does (:class:`ElasticCommit`) runs on every rank at the same points.
 """
 from __future__ import annotations
 
@@ -29,6 +30,9 @@ class Callback:
         """After ``steps_done`` steps of ``epoch``; ``epoch_sums`` are the global ``[loss, correct, count]`` so far."""
 
     def on_epoch_end(self, epoch: int, metrics: dict) -> None: ...
+
+    def after_agreement(self) -> None:
+        """Elastic jobs: after every rank agreed on rank 0's writes at a checkpoint hook (non-chief callbacks)."""
 
     def close(self) -> None: ...
 
@@ -165,7 +169,8 @@ class Checkpointer(Callback):
         try:
             self.manager.save(tag=tag, meta=meta)
         except (OSError, tf.errors.OpError) as e:  # disk full, directory removed...: earlier checkpoints are intact
-            reason = e.message.splitlines()[0] if isinstance(e, tf.errors.OpError) else e
+            lines = [line for line in str(e).splitlines() if line.strip()]
+            reason = lines[0] if lines else type(e).__name__
             raise HvdtrainError(f"cannot write checkpoint {tag} in {self.manager.directory}: {reason}") from None
 
 
@@ -174,8 +179,11 @@ class ElasticCommit(Callback):
 
     After a worker is lost, every rank rolls back to the last commit; a commit is also where a
     rank learns that workers joined or left (``HostsUpdatedInterrupt``, raised on every rank at
-    the same commit: the check is a broadcast from rank 0). Runs on every rank, so keep it last
-    in the list: the other callbacks see the step before a reset can interrupt it.
+    the same commit: the check is a broadcast from rank 0). A commit has two halves, which
+    :meth:`hvdtrain.train.Trainer._checkpoint_hook` calls around the ranks' agreement on rank 0's
+    writes: the hook saves the state (local), :meth:`after_agreement` checks for host updates
+    (a collective). So a worker lost during rank 0's checkpoint write rolls the others back to
+    the state of that checkpoint, not to an earlier one.
 
     Args:
         state: the :class:`hvdtrain.elastic.TrainingState`.
@@ -187,14 +195,23 @@ class ElasticCommit(Callback):
 
     def __init__(self, state, plan, every_steps: int):
         self.state, self.plan, self.every_steps = state, plan, every_steps
+        self._saved = False
 
     def on_mid_epoch_checkpoint(self, epoch, steps_done, epoch_sums):
         if steps_done % self.every_steps == 0:
-            self._commit(epoch, self.plan.examples_before(steps_done), [float(v) for v in epoch_sums])
+            self._save(epoch, self.plan.examples_before(steps_done), [float(v) for v in epoch_sums])
 
     def on_epoch_end(self, epoch, metrics):
-        self._commit(epoch + 1, 0, None)
+        self._save(epoch + 1, 0, None)
 
-    def _commit(self, epoch, example, epoch_sums):
+    def _save(self, epoch, example, epoch_sums):
         self.state.epoch, self.state.example, self.state.epoch_sums = epoch, example, epoch_sums
-        self.state.commit()
+        self.state.save()
+        self._saved = True
+
+    def after_agreement(self) -> None:
+        """The second half of a commit: raises ``HostsUpdatedInterrupt`` on every rank alike if
+        workers joined or left (a broadcast; called on every rank at the same points)."""
+        if self._saved:
+            self._saved = False
+            self.state.check_host_updates()

@@ -131,7 +131,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 0
     except HvdtrainError as e:
         alone = getattr(e, "skip_horovod_shutdown", False)  # raised on this rank only (hvdtrain.train.run)
-        if launcher_rank() == 0 or getattr(e, "rank_found", False) or alone:
+        report = getattr(e, "report", None)  # set for errors raised on every rank (hvdtrain.train.run)
+        if report is None:
+            report = launcher_rank() == 0 or getattr(e, "rank_found", False) or alone
+        if report:
             print(f"hvdtrain: error: {e}", file=sys.stderr, flush=True)
             if alone:
                 os._exit(EXIT_ERROR)  # without Horovod's shutdown at exit, which would wait for the peers

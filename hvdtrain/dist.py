@@ -203,6 +203,34 @@ class DistContext:
             hvd.shutdown()
 
 
+_SLOT_LOCKS: list = []  # open lock files, held for the life of the process
+
+
+def _machine_slot(max_slots: int = 256) -> int:
+    """The lowest slot index no other hvdtrain process of this user holds on this machine.
+
+    A slot is an exclusive ``flock`` on ``<tmp>/hvdtrain-<uid>-slot-<i>.lock``, held until the
+    process exits (the kernel releases it even after ``kill -9``, so a replacement worker gets
+    the slot, and the GPU, of the one it replaces).
+
+    Raises:
+        HvdtrainError: if all ``max_slots`` slots are held.
+    """
+    import fcntl
+    import tempfile
+
+    for slot in range(max_slots):
+        lock = open(os.path.join(tempfile.gettempdir(), f"hvdtrain-{os.getuid()}-slot-{slot}.lock"), "a")
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            lock.close()
+            continue
+        _SLOT_LOCKS.append(lock)
+        return slot
+    raise HvdtrainError(f"more than {max_slots} hvdtrain workers on this machine")
+
+
 def _cpu_share(local_rank: int, local_size: int) -> tuple:
     """The CPU cores this local rank should use: its own slice of the cores it may run on.
 
@@ -294,6 +322,12 @@ def init_distributed(threads: int = 0, use_gpu: bool = True, stall_timeout: floa
     if not on_gpu and (hvd.size() == 1 or hvd.mpi_enabled()):
         _yield_to_compute(horovod_threads)
     rank, local_rank, local_size = hvd.rank(), hvd.local_rank(), hvd.local_size()
+    if elastic:
+        # Horovod numbers local ranks per host *name*, and an elastic job may list one machine
+        # under several names with one slot each (launch/discover_hosts.sh), where every worker
+        # has local rank 0. Pin by a slot unique on the machine instead.
+        local_rank = _machine_slot()
+        local_size = max(local_size, local_rank + 1)
 
     # Pin: each process sees exactly one GPU, the one at its local rank, so it neither computes on
     # nor reserves memory of its neighbours' GPUs; memory growth lets it take only what it needs.

@@ -34,7 +34,7 @@ from horovod.common.elastic import ObjectState
 from hvdtrain import callbacks as cbs
 from hvdtrain.checkpoint import CheckpointManager
 from hvdtrain.config import Config
-from hvdtrain.dist import DistContext, is_peer_loss
+from hvdtrain.dist import DistContext, PeerFailure, is_peer_loss
 from hvdtrain.errors import HvdtrainError
 from hvdtrain.optim import rescale_schedule
 from hvdtrain.sharding import ShardPlan
@@ -101,10 +101,10 @@ def _peer_loss_as_reset():
 
     try:
         yield
-    except HorovodInternalError:
+    except (HorovodInternalError, PeerFailure):
         raise
     except Exception as e:  # noqa: BLE001
-        if is_peer_loss(e):
+        if is_peer_loss(e) and not getattr(e, "rank_found", False):  # not an error every rank agreed on
             raise HorovodInternalError(f"{type(e).__name__}: {e}") from e
         raise
 
@@ -145,8 +145,9 @@ def train_elastic(config: Config, ctx: DistContext, dataset, model, optimizer, w
         The final metrics, as :meth:`Trainer.fit`.
 
     Raises:
-        HvdtrainError: for bad checkpoints or directories, on the worker that found it (it
-            leaves the job; the driver ends the job when fewer than ``--min-np`` remain).
+        HvdtrainError: for bad checkpoints or directories, or an error in rank 0's writes, on
+            rank 0 (which prints it); the other workers raise :class:`PeerFailure`, and the
+            driver ends the job. (An error in a worker's own start-up ends that worker only.)
     """
     import horovod.tensorflow as hvd
     from horovod.common.elastic import run_fn
@@ -183,9 +184,15 @@ def train_elastic(config: Config, ctx: DistContext, dataset, model, optimizer, w
             ckpt_dir = config.checkpoint.dir or os.path.join(state.run_dir, "checkpoints")
             # Rank 0 (perhaps another process than before the reset) opens the run directory; all
             # ranks agree on the outcome (a collective: every rank is past the sync here).
-            manager = here.guarded("opening the run directory", lambda: open_run_dir(
-                config, state.run_dir, ckpt_dir, model, optimizer, fresh=not state.dir_checked) if here.is_chief
-                else None)
+            meta = {"model": config.model.name, "seed": config.seed, "elastic": True, "world_size": here.size,
+                    "batch_size": config.batch_size, "steps_per_epoch": plan.steps_per_epoch,
+                    "config": config.to_dict()}
+
+            def open_for_rank_0():
+                manager = open_run_dir(config, state.run_dir, ckpt_dir, model, optimizer, fresh=not state.dir_checked)
+                return chief_callbacks(config, state.run_dir, manager, plan, optimizer, meta)
+
+            callbacks = here.guarded("opening the run directory", open_for_rank_0 if here.is_chief else list)
             if not state.dir_checked:
                 # Once per job: checkpoints found there later are this job's own. Saved on every
                 # rank alike (the state is in sync), so a new rank 0 after a reset knows it too.
@@ -194,10 +201,6 @@ def train_elastic(config: Config, ctx: DistContext, dataset, model, optimizer, w
             if here.is_chief:  # the rank-0 block
                 print(banner(here, config, dataset, plan, schedule, model, state.run_dir, ckpt_dir,
                              state.epoch, state.example // plan.global_batch), flush=True)
-                callbacks = chief_callbacks(config, state.run_dir, manager, plan, optimizer,
-                                            {"model": config.model.name, "seed": config.seed, "elastic": True,
-                                             "world_size": here.size, "batch_size": config.batch_size,
-                                             "steps_per_epoch": plan.steps_per_epoch, "config": config.to_dict()})
             callbacks.append(cbs.ElasticCommit(state, plan, config.elastic.commit_every))
             trainer = Trainer(here, model, optimizer, dataset, plan, log_every=config.log.log_every,
                               eval_batch_size=config.data.eval_batch_size, callbacks=callbacks, watchdog=watchdog,

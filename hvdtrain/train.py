@@ -158,11 +158,11 @@ class Trainer:
     def _checkpoint_hook(self, hook: str, *args) -> None:
         """Call ``hook`` (``on_mid_epoch_checkpoint`` or ``on_epoch_end``) on every callback.
 
-        With ``agree_on_side_effects`` (elastic jobs): rank 0's callbacks first, then every rank
-        agrees on their outcome (one small allreduce), then the others (the commit). An error in
+        With ``agree_on_side_effects`` (elastic jobs): rank 0's callbacks and the others' local
+        halves (the commit's save) first, then every rank agrees on the outcome of rank 0's
+        writes (one small allreduce), then :meth:`ElasticCommit.after_agreement`. An error in
         rank 0's writes (a full disk, say) then stops every rank together, instead of each new
-        rank 0 meeting it in turn after a reset; and a rank 0 lost mid-write makes the others
-        roll back before they commit past what it wrote.
+        rank 0 meeting it in turn after a reset.
         """
         if not self.agree_on_side_effects:
             for cb in self.callbacks:
@@ -175,10 +175,13 @@ class Trainer:
                     getattr(cb, hook)(*args)
         except Exception as e:  # noqa: BLE001 -- re-raised by agree() on this rank
             error = e
-        self.ctx.agree(error, "writing logs and checkpoints")
-        for cb in self.callbacks:
-            if not cb.chief_only:
+        others = [cb for cb in self.callbacks if not cb.chief_only]
+        if error is None:
+            for cb in others:
                 getattr(cb, hook)(*args)
+        self.ctx.agree(error, "writing logs and checkpoints")
+        for cb in others:
+            cb.after_agreement()
 
     # ---- the loop -------------------------------------------------------------------------------
     def fit(self, start_epoch: int, epochs: int, start_step: int = 0, start_sums=None,
@@ -200,8 +203,7 @@ class Trainer:
         Returns:
             The last epoch's metrics (or, with nothing left to train, the test metrics).
         """
-        for cb in self.callbacks:
-            cb.on_train_begin(start_epoch, epochs)
+        self._checkpoint_hook("on_train_begin", start_epoch, epochs)  # rank 0 may rewrite metrics.jsonl
         metrics, steps = {}, self.plan.steps_per_epoch
         for epoch in range(start_epoch, epochs):
             first, first_example = (start_step, start_example) if epoch == start_epoch else (0, 0)
@@ -438,6 +440,12 @@ def run(config: Config) -> dict:
     except PeerFailure:
         raise
     except Exception as e:  # noqa: BLE001
+        if getattr(e, "on_every_rank", False):
+            # Raised alike on every rank: the rank 0 of now prints it (an elastic job's rank 0
+            # may be another process than the one the launcher started as rank 0).
+            import horovod.tensorflow as hvd
+
+            e.report = (hvd.rank() if hvd.is_initialized() else ctx.rank) == 0
         if is_peer_loss(e) and not getattr(e, "rank_found", False):
             raise _peer_lost(ctx, watchdog) from e
         if not getattr(e, "rank_found", False) and not getattr(e, "on_every_rank", False):

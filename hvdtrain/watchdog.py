@@ -20,6 +20,7 @@ at half the timeout, when its coordinator can still run.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import socket
 import sys
@@ -108,7 +109,6 @@ class Watchdog:
         self.rank, self.timeout_s, self.poll_s = rank, float(timeout_s), poll_s
         self._last = time.monotonic()
         self._where = "starting"
-        self._paused = False
         self._stop = threading.Event()
         self._thread = None
         self._sock: Optional[socket.socket] = None
@@ -159,15 +159,14 @@ class Watchdog:
 
         Also ends a :meth:`pause`.
         """
-        self._last = time.monotonic()
         self._where = where
-        self._paused = False
+        self._last = time.monotonic()
 
     def pause(self, where: str) -> None:
         """Stop the stall check until the next :meth:`beat`: for waits that are not stalls (an
         elastic reset waits for the driver and for joining workers to start up)."""
         self._where = where
-        self._paused = True
+        self._last = math.inf  # one assignment: the watchdog thread sees no idle time until the next beat
 
     def close(self) -> None:
         """Stop watching (call in ``finally``)."""
@@ -253,7 +252,7 @@ class Watchdog:
             except Exception:  # noqa: BLE001 -- heartbeats are best effort; the stall check must go on
                 pass
             idle = time.monotonic() - self._last
-            if self.timeout_s <= 0 or idle <= self.timeout_s or self._paused:
+            if self.timeout_s <= 0 or idle <= self.timeout_s:
                 continue
             if self.rank != 0 and (self._chief_alive() or self.rank != 1):
                 # Rank 0 hears every rank's heartbeat, times out too and prints the diagnosis once;

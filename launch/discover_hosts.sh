@@ -10,5 +10,9 @@
 if [[ -n "${HOSTS_FILE:-}" ]]; then
   exec cat "$HOSTS_FILE"
 fi
-{ echo localhost; echo 127.0.0.1; hostname -I 2>/dev/null | tr ' ' '\n' | grep -E '^[0-9.]+$'; } \
-  | head -n "${SLOTS:-2}" | sed 's/$/:1/'
+names=$({ echo localhost; echo 127.0.0.1; hostname -I 2>/dev/null | tr ' ' '\n' | grep -E '^[0-9.]+$'; } \
+  | head -n "${SLOTS:-2}")
+if (( $(wc -l <<<"$names") < ${SLOTS:-2} )); then
+  echo "discover_hosts.sh: this machine has only $(wc -l <<<"$names") names for ${SLOTS:-2} slots" >&2
+fi
+sed 's/$/:1/' <<<"$names"

@@ -22,13 +22,16 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 VENV=${VENV:-$PWD/.venv}
 DISCOVER=${DISCOVER:-$PWD/launch/discover_hosts.sh}
 NP=${NP:-2}
-if [[ -z "${IFACE:-}" ]]; then
-  if [[ "$DISCOVER" == "$PWD/launch/discover_hosts.sh" && -z "${HOSTS_FILE:-}" ]]; then
-    IFACE=lo
-  else
-    IFACE=$(awk '$2 == "00000000" {print $1; exit}' /proc/net/route)
-  fi
+MAX_NP=${MAX_NP:-$NP}
+ARGS=${ARGS:-}
+if [[ "$(realpath "$DISCOVER")" == "$PWD/launch/discover_hosts.sh" && -z "${HOSTS_FILE:-}" ]]; then
+  # This machine alone, under MAX_NP names (see discover_hosts.sh): the workers talk over
+  # loopback, and each takes its share of the cores unless ARGS says otherwise.
+  export SLOTS=$MAX_NP
+  IFACE=${IFACE:-lo}
+  [[ "$ARGS" == *--threads* ]] || ARGS="$ARGS --threads $(( $(nproc) / MAX_NP > 0 ? $(nproc) / MAX_NP : 1 ))"
 fi
-exec "$VENV/bin/horovodrun" -np "$NP" --min-np "${MIN_NP:-1}" --max-np "${MAX_NP:-$NP}" \
+IFACE=${IFACE:-$(awk '$2 == "00000000" {print $1; exit}' /proc/net/route)}
+exec "$VENV/bin/horovodrun" -np "$NP" --min-np "${MIN_NP:-1}" --max-np "$MAX_NP" \
   --host-discovery-script "$DISCOVER" --network-interfaces "${IFACE:-lo}" \
-  "$VENV/bin/python" -m hvdtrain --elastic --log-dir "${LOG_DIR:-runs/elastic}" ${ARGS:-}
+  "$VENV/bin/python" -m hvdtrain --elastic --log-dir "${LOG_DIR:-runs/elastic}" $ARGS
