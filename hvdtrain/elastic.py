@@ -200,7 +200,7 @@ def train_elastic(config: Config, ctx: DistContext, dataset, model, optimizer, w
                 state.save()
             if here.is_chief:  # the rank-0 block
                 print(banner(here, config, dataset, plan, schedule, model, state.run_dir, ckpt_dir,
-                             state.epoch, state.example // plan.global_batch), flush=True)
+                             state.epoch, plan.start_step(first_example=state.example)), flush=True)
             callbacks.append(cbs.ElasticCommit(state, plan, config.elastic.commit_every))
             trainer = Trainer(here, model, optimizer, dataset, plan, log_every=config.log.log_every,
                               eval_batch_size=config.data.eval_batch_size, callbacks=callbacks, watchdog=watchdog,

@@ -92,6 +92,11 @@ class ShardPlan:
         """Position in the epoch's permutation after ``step`` steps (``step * global_batch``, at most n)."""
         return min(step * self.global_batch, self.num_examples)
 
+    def start_step(self, first_step: int = 0, first_example: int = 0) -> int:
+        """The step an epoch resumed at ``first_step`` or position ``first_example`` begins with
+        (the step holding ``first_example``, or ``first_step`` if later)."""
+        return max(first_step, first_example // self.global_batch)
+
     def epoch(self, epoch: int, first_step: int = 0, first_example: int = 0):
         """Yield ``(step, local_indices, global_batch_size)`` for the rest of ``epoch``.
 
@@ -104,7 +109,7 @@ class ShardPlan:
         if not 0 <= first_example <= self.num_examples:
             raise ValueError(f"first_example {first_example} outside [0, {self.num_examples}]")
         order = self.permutation(epoch).astype(np.int32)
-        for step in range(max(first_step, first_example // self.global_batch), self.steps_per_epoch):
+        for step in range(self.start_step(first_step, first_example), self.steps_per_epoch):
             yield (step, order[self.local_slice(step, first_example=first_example)],
                    self.global_batch_size(step, first_example))
 

@@ -156,7 +156,8 @@ class Trainer:
         return self._global_mean(sums, "hvdtrain.eval")
 
     def _checkpoint_hook(self, hook: str, *args) -> None:
-        """Call ``hook`` (``on_mid_epoch_checkpoint`` or ``on_epoch_end``) on every callback.
+        """Call ``hook`` (``on_train_begin``, ``on_mid_epoch_checkpoint`` or ``on_epoch_end``: the
+        hooks where rank 0 writes files) on every callback.
 
         With ``agree_on_side_effects`` (elastic jobs): rank 0's callbacks and the others' local
         halves (the commit's save) first, then every rank agrees on the outcome of rank 0's
@@ -207,7 +208,7 @@ class Trainer:
         metrics, steps = {}, self.plan.steps_per_epoch
         for epoch in range(start_epoch, epochs):
             first, first_example = (start_step, start_example) if epoch == start_epoch else (0, 0)
-            first = max(first, first_example // self.plan.global_batch)
+            first = self.plan.start_step(first, first_example)
             for cb in self.callbacks:
                 cb.on_epoch_begin(epoch, steps, first)
             # The sums of the steps before `first` are global: they enter once, on rank 0.
