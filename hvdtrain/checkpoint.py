@@ -134,6 +134,17 @@ class CheckpointManager:
                 shutil.rmtree(os.path.join(self.directory, name), ignore_errors=True)
 
     # ---- restore ---------------------------------------------------------------------------
+    def restore_latest(self) -> tuple:
+        """For ``--resume``: load the newest complete checkpoint; return ``(path, meta)``.
+
+        Raises:
+            HvdtrainError: if there is none, or as :meth:`restore`.
+        """
+        latest = self.latest()
+        if latest is None:
+            raise HvdtrainError(f"--resume: no checkpoint in {self.directory}")
+        return latest, self.restore(latest)
+
     def restore(self, path: str) -> dict:
         """Load checkpoint ``path`` into the model and optimizer; return its metadata.
 

@@ -118,11 +118,7 @@ def _resume(config: Config, model, optimizer, num_examples: int) -> dict:
         HvdtrainError: no checkpoint, an unreadable one, or one of another model or local batch.
     """
     ckpt_dir = config.checkpoint.dir or os.path.join(config.log.dir, "checkpoints")
-    manager = CheckpointManager(ckpt_dir, model, optimizer, keep=config.checkpoint.keep)
-    latest = manager.latest()
-    if latest is None:
-        raise HvdtrainError(f"--resume: no checkpoint in {ckpt_dir}")
-    meta = manager.restore(latest)
+    latest, meta = CheckpointManager(ckpt_dir, model, optimizer, keep=config.checkpoint.keep).restore_latest()
     if meta.get("batch_size") != config.batch_size:
         raise HvdtrainError(f"--resume: {latest} was written with --batch-size {meta.get('batch_size')}, this run "
                             f"has {config.batch_size}; an elastic job may change its world size, not its local batch")

@@ -286,10 +286,7 @@ def _open_checkpoints(config: Config, run_dir: str, ckpt_dir: str, model, optimi
     manager = open_run_dir(config, run_dir, ckpt_dir, model, optimizer, fresh=not config.checkpoint.resume)
     if not config.checkpoint.resume:
         return manager, (0, 0, None)
-    latest = manager.latest()
-    if latest is None:
-        raise HvdtrainError(f"--resume: no checkpoint in {ckpt_dir}")
-    meta = manager.restore(latest)
+    latest, meta = manager.restore_latest()
     if meta.get("elastic"):
         raise HvdtrainError(f"--resume: {latest} was written by an elastic job, whose steps mix world sizes; "
                             f"resume it with --elastic")
