@@ -20,8 +20,8 @@ What happens, per Horovod's elastic recipe (https://horovod.readthedocs.io/en/st
 After each restart :func:`train_elastic` re-runs the part of the recipe that depends on the world
 size: the shard plan (continuing at the same example of the same epoch's permutation, so no
 example is repeated or skipped), the learning rate (``base_lr · world_size``, warmup and decay
-continued at the same point in epochs), the compiled step, and the rank-0 callbacks (rank 0 may
-now be another process).
+continued at the same point in epochs), the compiled step, the rank that keys dropout masks, and
+the rank-0 callbacks (rank 0 may now be another process).
 """
 from __future__ import annotations
 
@@ -36,6 +36,7 @@ from hvdtrain.checkpoint import CheckpointManager
 from hvdtrain.config import Config
 from hvdtrain.dist import DistContext, PeerFailure, is_peer_loss
 from hvdtrain.errors import HvdtrainError
+from hvdtrain.models import set_dropout_rank
 from hvdtrain.optim import rescale_schedule
 from hvdtrain.sharding import ShardPlan
 from hvdtrain.watchdog import Watchdog
@@ -162,6 +163,7 @@ def train_elastic(config: Config, ctx: DistContext, dataset, model, optimizer, w
         here = ctx.refreshed()
         watchdog.beat("the first step after an elastic (re)start")
         watchdog.rank = here.rank
+        set_dropout_rank(model, here.rank)  # the ranks were renumbered: keep dropout masks distinct
         if state.resume_pending:
             # Once per job, at its first start: rank 0 reads the checkpoint and sends it to all.
             # (Workers that join later receive resume_pending=False, and the state, by sync.)

@@ -58,6 +58,22 @@ class SeededDropout(tf.keras.layers.Layer):
         return {**super().get_config(), "rate": self.rate, "seed": self.seed, "rank": self.rank}
 
 
+def set_dropout_rank(model: tf.keras.Model, rank: int) -> None:
+    """Key the masks of every :class:`SeededDropout` in ``model`` by ``rank`` from now on.
+
+    An elastic reset renumbers the ranks of the surviving and joining workers, while the model
+    keeps the rank it was built with; without this, two workers could draw the same masks. Takes
+    effect when the training step is next traced (hvdtrain traces a new one after every reset).
+
+    Args:
+        model: a Keras model; layers other than :class:`SeededDropout` are left alone.
+        rank: int, this process's current rank.
+    """
+    for layer in model.submodules:
+        if isinstance(layer, SeededDropout):
+            layer.rank = int(rank)
+
+
 NormFactory = Callable[[], tf.keras.layers.Layer]
 
 

@@ -1,0 +1,35 @@
+"""The built-in models' seeded dropout: masks keyed by (seed, rank, call count)."""
+import numpy as np
+import tensorflow as tf
+
+from hvdtrain.models import SeededDropout, set_dropout_rank, seed_cnn
+
+
+def _dropout_model(rank: int):
+    layer = SeededDropout(0.5, seed=3, rank=rank)
+    return tf.keras.Sequential([tf.keras.Input((64,)), layer]), layer
+
+
+def test_set_dropout_rank_rekeys_the_masks_at_the_next_trace():
+    """After an elastic reset renumbers the ranks, a worker draws the masks of its new rank."""
+    x = tf.ones([8, 64])
+    model, layer = _dropout_model(rank=0)
+    reference, _ = _dropout_model(rank=1)
+    as_rank_0 = model(x, training=True).numpy()  # call 1, rank 0's stream
+    set_dropout_rank(model, 1)
+    step = tf.function(lambda t: model(t, training=True))  # a new trace, as after every reset
+    after = step(x).numpy()  # call 2, now rank 1's stream
+    assert layer.rank == 1 and layer.get_config()["rank"] == 1
+    reference(x, training=True)  # call 1 of rank 1
+    np.testing.assert_array_equal(after, reference(x, training=True).numpy())  # call 2 of rank 1
+    model0, _ = _dropout_model(rank=0)
+    model0(x, training=True)
+    assert not np.array_equal(after, model0(x, training=True).numpy())  # not rank 0's call 2
+    assert not np.array_equal(as_rank_0, after)
+
+
+def test_set_dropout_rank_reaches_the_seed_cnn_and_leaves_other_layers():
+    model = seed_cnn((28, 28, 1), 10, rank=0)
+    set_dropout_rank(model, 5)
+    dropouts = [m for m in model.submodules if isinstance(m, SeededDropout)]
+    assert dropouts and all(d.rank == 5 for d in dropouts)
