@@ -41,5 +41,5 @@ print(f"rank {ctx.rank} local rank {ctx.local_rank}: sees {visible[0].name} only
 ctx.close()
 EOF
 
-"$VENV/bin/python" benchmarks/scaling.py --models resnet50 --gpu --mixed-precision --max-np 1 --batch-size 128 \
+"$VENV/bin/python" benchmarks/scaling.py --models resnet50 --gpu --mixed-precision --max-np 1 --repeats 1 --batch-size 128 \
   --plot benchmarks/figures/scaling_gpu.png

@@ -1,20 +1,23 @@
 """Training throughput and scaling efficiency of hvdtrain for np = 1 ... N ranks.
 
-    .venv/bin/python benchmarks/scaling.py                       # CPU: seed CNN + ResNet-20, np = 1..cores
-    .venv/bin/python benchmarks/scaling.py --models resnet50 --gpu --mixed-precision --max-np 1
+    .venv/bin/python benchmarks/scaling.py            # CPU: seed CNN + ResNet-20, np = 1..cores
+    .venv/bin/python benchmarks/scaling.py --models resnet50 --gpu --mixed-precision --max-np 1 --repeats 1
 
 For each model and each np, launches a job of np ranks (``horovodrun --gloo`` or ``mpirun``) that
 times hvdtrain's real training step the way Horovod's ``tensorflow2_synthetic_benchmark.py`` does:
 warm-up batches excluded, then ``--iters`` timed iterations of ``--batches-per-iter`` steps each;
 images/s per rank is the mean over iterations +- 1.96 standard deviations, and the total is np times
-that. ``--repeats`` runs of every np alternate (1, 2, ..., N, 1, 2, ...) and each np reports its
-median run. Scaling efficiency = total(np) / (np * total(1)). On CPU the job of np ranks is confined to np
-cores, one per rank (hvdtrain pins each rank to its share), so every np gets the same compute per
-rank. Models: the seed CNN on real Fashion-MNIST, ResNet-20 on 32x32 synthetic data, ResNet-50 on
-224x224 synthetic data (for GPUs). Prints a Markdown table and writes a PNG plot.
+that. ``--repeats`` runs of every np alternate (1, 2, ..., N, 1, 2, ...); each np shows its median
+run. Scaling efficiency = total(np) / (np * total(1)), computed within each repeat (so both runs
+saw the same spell of the shared machine) and reported as the median over repeats with its range.
+On CPU the job of np ranks is confined to np cores, one per rank (hvdtrain pins each rank to its
+share), so every np gets the same compute per rank. Models: the seed CNN on real Fashion-MNIST,
+ResNet-20 on 32x32 synthetic data, ResNet-50 on 224x224 synthetic data (for GPUs). Prints a
+Markdown table and writes a PNG plot.
 """
 import argparse
 import os
+import statistics
 import sys
 
 import common
@@ -45,6 +48,18 @@ def worker(a) -> None:
     ctx.close()
 
 
+def _median_by(items, key):
+    """The median item by ``key`` (for an even count, the lower of the two middle ones)."""
+    return sorted(items, key=key)[(len(items) - 1) // 2]
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {text}")
+    return value
+
+
 def driver(a) -> None:
     max_np = a.max_np or (1 if a.gpu else len(os.sched_getaffinity(0)))
     nps = list(range(1, max_np + 1))
@@ -66,27 +81,32 @@ def driver(a) -> None:
                 print(f"{model} np={np_} (repeat {repeat + 1}/{a.repeats}): {r['per_rank']:.1f} img/s per rank, "
                       f"total {r['total']:.1f} +-{r['total_ci']:.1f}", flush=True)
         for np_ in nps:
-            ordered = sorted(runs[np_], key=lambda r: r["total"])
-            results[(model, np_)] = ordered[(len(ordered) - 1) // 2]
+            # Paired: each repeat's np run against the same repeat's np=1 run.
+            efficiencies = [r["total"] / (np_ * base["total"]) for r, base in zip(runs[np_], runs[1])]
+            results[(model, np_)] = {"run": _median_by(runs[np_], lambda r: r["total"]),
+                                     "efficiency": statistics.median(efficiencies),
+                                     "efficiency_range": (min(efficiencies), max(efficiencies))}
     rows = []
     for model in a.models:
-        base = results[(model, 1)]["total"]
         for np_ in nps:
-            r = results[(model, np_)]
+            r, result = results[(model, np_)]["run"], results[(model, np_)]
+            low, high = result["efficiency_range"]
             rows.append([model, np_, f"{r['per_rank']:.1f} +-{r['ci']:.1f}", f"{r['total']:.1f} +-{r['total_ci']:.1f}",
-                         r["total"] / (np_ * base), f"{max(r['rss_mib']):.0f}"])
-    common.print_table(["model", "np", "img/s per rank", "img/s total", "scaling efficiency", "peak RSS/rank MiB"],
+                         f"{result['efficiency']:.3f} ({low:.3f}-{high:.3f})", f"{max(r['rss_mib']):.0f}"])
+    common.print_table(["model", "np", "img/s per rank", "img/s total", "scaling efficiency (range)",
+                        "peak RSS/rank MiB"],
                        rows, title=f"hvdtrain training throughput ({a.transport}, local batch {a.batch_size}, "
-                                   f"{'GPU' if a.gpu else '1 core per rank'})")
+                                   f"{'GPU' if a.gpu else '1 core per rank'}, median of {a.repeats} repeats)")
     plt = common.matplotlib_pyplot()
     fig, axes = plt.subplots(1, len(a.models), figsize=(5 * len(a.models), 4), squeeze=False)
     for ax, model in zip(axes[0], a.models):
-        totals = [results[(model, n)]["total"] for n in nps]
-        cis = [results[(model, n)]["total_ci"] for n in nps]
-        ax.errorbar(nps, totals, yerr=cis, marker="o", capsize=4, label="hvdtrain")
+        totals = [results[(model, n)]["run"]["total"] for n in nps]
+        cis = [results[(model, n)]["run"]["total_ci"] for n in nps]
+        ax.errorbar(nps, totals, yerr=cis, marker="o", capsize=4, label="hvdtrain (median run)")
         ax.plot(nps, [totals[0] * n for n in nps], "--", color="gray", label="linear")
         for n, t in zip(nps, totals):
-            ax.annotate(f"{t / (n * totals[0]):.2f}", (n, t), textcoords="offset points", xytext=(6, -12))
+            ax.annotate(f"{results[(model, n)]['efficiency']:.2f}", (n, t), textcoords="offset points",
+                        xytext=(6, -12))
         ax.set(title=f"{model}, local batch {a.batch_size}", xlabel="ranks (np)", ylabel="images/s (total)",
                xticks=nps)
         ax.legend()
@@ -103,7 +123,7 @@ def main():
     p.add_argument("--warmup-batches", type=int, default=10)
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--batches-per-iter", type=int, default=10)
-    p.add_argument("--repeats", type=int, default=3, help="alternating runs of every np (median taken)")
+    p.add_argument("--repeats", type=_positive_int, default=3, help="alternating runs of every np (median taken)")
     p.add_argument("--threads", type=int, default=1, help="intra-op threads per rank (CPU)")
     p.add_argument("--gpu", action="store_true", help="one GPU per rank instead of one core per rank")
     p.add_argument("--mixed-precision", action="store_true", help="mixed_bfloat16 Keras policy")

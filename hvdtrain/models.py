@@ -26,7 +26,9 @@ class SeededDropout(tf.keras.layers.Layer):
     Args:
         rate: float in [0, 1), fraction of units dropped in training.
         seed: int, run seed.
-        rank: int, this process's rank.
+        rank: int, the rank whose mask stream this layer draws: this process's rank. After an
+            elastic reset renumbers the ranks, :func:`set_dropout_rank` updates it; a step traced
+            before that keeps the old rank, so hvdtrain traces a new step after every reset.
 
     Call arguments:
         inputs: float tensor of any shape.

@@ -28,8 +28,27 @@ def test_set_dropout_rank_rekeys_the_masks_at_the_next_trace():
     assert not np.array_equal(as_rank_0, after)
 
 
-def test_set_dropout_rank_reaches_the_seed_cnn_and_leaves_other_layers():
-    model = seed_cnn((28, 28, 1), 10, rank=0)
-    set_dropout_rank(model, 5)
-    dropouts = [m for m in model.submodules if isinstance(m, SeededDropout)]
+def test_a_step_traced_before_keeps_the_old_rank():
+    """Why hvdtrain traces a new step after every reset: the rank is fixed into the trace."""
+    x = tf.ones([8, 64])
+    model, _ = _dropout_model(rank=0)
+    old_step = tf.function(lambda t: model(t, training=True))
+    old_step(x)  # traced with rank 0
+    set_dropout_rank(model, 1)
+    model0, _ = _dropout_model(rank=0)
+    model0(x, training=True)
+    np.testing.assert_array_equal(old_step(x).numpy(), model0(x, training=True).numpy())
+
+
+def test_set_dropout_rank_reaches_nested_models_and_only_seeded_dropout():
+    inner, _ = _dropout_model(rank=0)
+    inputs = tf.keras.Input((64,))
+    outer = tf.keras.Model(inputs, tf.keras.layers.Dense(3)(inner(inputs)))
+    set_dropout_rank(outer, 4)
+    assert [m.rank for m in outer.submodules if isinstance(m, SeededDropout)] == [4]
+    cnn = seed_cnn((28, 28, 1), 10, rank=0)
+    config_before = {m.name: m.get_config() for m in cnn.layers if not isinstance(m, SeededDropout)}
+    set_dropout_rank(cnn, 5)
+    dropouts = [m for m in cnn.submodules if isinstance(m, SeededDropout)]
     assert dropouts and all(d.rank == 5 for d in dropouts)
+    assert {m.name: m.get_config() for m in cnn.layers if not isinstance(m, SeededDropout)} == config_before
