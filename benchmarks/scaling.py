@@ -65,15 +65,15 @@ def driver(a) -> None:
     nps = list(range(1, max_np + 1))
     results = {}
     for model in a.models:
+        args = ["--model", model, "--batch-size", str(a.batch_size), "--iters", str(a.iters),
+                "--batches-per-iter", str(a.batches_per_iter), "--warmup-batches", str(a.warmup_batches),
+                "--threads", str(a.threads)] + (["--gpu"] if a.gpu else []) + (
+                ["--mixed-precision"] if a.mixed_precision else []) + (["--no-sync-bn"] if a.no_sync_bn else [])
         runs = {np_: [] for np_ in nps}
         # Repeats alternate np = 1..N, so a slow spell of the shared machine hits every np alike;
         # each np is then represented by its run with the median total.
         for repeat in range(a.repeats):
             for np_ in nps:
-                args = ["--model", model, "--batch-size", str(a.batch_size), "--iters", str(a.iters),
-                        "--batches-per-iter", str(a.batches_per_iter), "--warmup-batches", str(a.warmup_batches),
-                        "--threads", str(a.threads)] + (["--gpu"] if a.gpu else []) + (
-                        ["--mixed-precision"] if a.mixed_precision else []) + (["--no-sync-bn"] if a.no_sync_bn else [])
                 cores = None if a.gpu else common.cores_for(np_ * max(1, a.threads))
                 transport = "single" if np_ == 1 and a.transport == "gloo" else a.transport
                 r = common.run_job(np_, __file__, args, transport, cores=cores)
@@ -89,7 +89,8 @@ def driver(a) -> None:
     rows = []
     for model in a.models:
         for np_ in nps:
-            r, result = results[(model, np_)]["run"], results[(model, np_)]
+            result = results[(model, np_)]
+            r = result["run"]
             low, high = result["efficiency_range"]
             rows.append([model, np_, f"{r['per_rank']:.1f} +-{r['ci']:.1f}", f"{r['total']:.1f} +-{r['total_ci']:.1f}",
                          f"{result['efficiency']:.3f} ({low:.3f}-{high:.3f})", f"{max(r['rss_mib']):.0f}"])
@@ -102,7 +103,7 @@ def driver(a) -> None:
     for ax, model in zip(axes[0], a.models):
         totals = [results[(model, n)]["run"]["total"] for n in nps]
         cis = [results[(model, n)]["run"]["total_ci"] for n in nps]
-        ax.errorbar(nps, totals, yerr=cis, marker="o", capsize=4, label="hvdtrain (median run)")
+        ax.errorbar(nps, totals, yerr=cis, marker="o", capsize=4, label="hvdtrain (median run; labels: median efficiency)")
         ax.plot(nps, [totals[0] * n for n in nps], "--", color="gray", label="linear")
         for n, t in zip(nps, totals):
             ax.annotate(f"{results[(model, n)]['efficiency']:.2f}", (n, t), textcoords="offset points",
