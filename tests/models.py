@@ -2,6 +2,7 @@
 import tensorflow as tf
 
 from hvdtrain import SyncBatchNormalization
+from hvdtrain.models import SeededDropout, seed_cnn
 
 
 def mlp(input_shape, num_classes):
@@ -117,3 +118,27 @@ def fails_where_marker_exists(input_shape, num_classes):
     if marker and os.path.exists(marker):
         raise RuntimeError("this worker's start-up fails (test)")
     return cnn_sync_bn(input_shape, num_classes)
+
+
+class _RankCheckedDropout(SeededDropout):
+    """:class:`SeededDropout` that checks, whenever a training step is traced, that its masks are
+    keyed by the worker's current rank, and prints the rank it checked."""
+
+    def call(self, inputs, training=None):
+        if training:
+            import horovod.tensorflow as hvd
+
+            if self.rank != hvd.rank():
+                raise RuntimeError(f"dropout masks keyed by rank {self.rank} in the worker at rank {hvd.rank()}")
+            print(f"dropout keyed by the current rank {self.rank} of world size {hvd.size()}", flush=True)
+        return super().call(inputs, training)
+
+
+def seed_cnn_rank_checked_dropout(input_shape, num_classes):
+    """The seed CNN, whose dropout fails the step's tracing if an elastic reset renumbered the
+    worker and its masks still follow the old rank."""
+    def clone(layer):
+        cls = _RankCheckedDropout if isinstance(layer, SeededDropout) else type(layer)
+        return cls.from_config(layer.get_config())
+
+    return tf.keras.models.clone_model(seed_cnn(input_shape, num_classes, rank=_launcher_rank()), clone_function=clone)

@@ -7,6 +7,7 @@ one alias, and appending another to the list adds a worker.
 """
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -88,7 +89,8 @@ def test_elastic_job_survives_a_killed_chief_and_uses_a_worker_added_back(tmp_pa
         pytest.skip("this machine has no non-loopback IPv4 address to use as a third local host")
     log = tmp_path / "run" / "metrics.jsonl"
     job, hosts = _elastic_job(tmp_path, ["localhost", "127.0.0.1"], 2, 2,
-                              ["--commit-every", "5", "--epochs", str(EPOCHS)])
+                              ["--commit-every", "5", "--epochs", str(EPOCHS),
+                               "--model", "tests.models:seed_cnn_rank_checked_dropout"])
     try:
         chief = rank_pid(job, 0)
         _wait_for("the first epoch", lambda: len(_epochs(log)) >= 1, job)
@@ -111,6 +113,11 @@ def test_elastic_job_survives_a_killed_chief_and_uses_a_worker_added_back(tmp_pa
     assert all(e["train_examples"] == NUM_TRAIN for e in epochs), [e["train_examples"] for e in epochs]
     assert epochs[-1]["train_accuracy"] > 0.7, epochs[-1]  # chance is 0.1
     assert "Killed" in out or "exit with status code 137" in out, out[-3000:]
+    # The survivor, rank 1 before the kill, became rank 0; the worker added back took rank 1. Each
+    # traced its step with dropout keyed by its new rank (the model raises otherwise), so no two
+    # workers drew the same masks.
+    checked = set(re.findall(r"dropout keyed by the current rank (\d) of world size (\d)", out))
+    assert {("0", "1"), ("0", "2"), ("1", "2")} <= checked, sorted(checked)
 
 
 def test_elastic_resume_continues_mid_epoch_at_another_world_size(tmp_path):
