@@ -250,6 +250,21 @@ def _thread_ids() -> set:
     return {int(t) for t in os.listdir("/proc/self/task")} if os.path.isdir("/proc/self/task") else set()
 
 
+def _pin_threads(cores) -> None:
+    """Confine every thread of this process, not only the calling one, to ``cores``.
+
+    ``sched_setaffinity`` binds one thread, and threads started before it keep their affinity:
+    Horovod's background loop and MPI's helpers (started by ``hvd.init``) and TensorFlow's
+    early threads would otherwise run on every core of the host, the other ranks' included.
+    Threads started later inherit the affinity of the thread that starts them.
+    """
+    for tid in _thread_ids() or {0}:
+        try:
+            os.sched_setaffinity(tid, cores)
+        except OSError:  # the thread has exited meanwhile
+            pass
+
+
 def _yield_to_compute(thread_ids) -> None:
     """Run Horovod's own threads (its background loop, MPI's and Gloo's helpers) at nice 19.
 
@@ -349,10 +364,12 @@ def init_distributed(threads: int = 0, use_gpu: bool = True, stall_timeout: floa
         device = "/CPU:0"
 
     # CPU threads: ranks on one host split its cores instead of each starting a thread per core,
-    # which would oversubscribe the host local_size times over.
+    # which would oversubscribe the host local_size times over. Every thread of the rank is
+    # confined to its share, Horovod's background loop included, so no rank computes or polls on
+    # another rank's cores.
     cores = _cpu_share(local_rank, local_size)
     if cores and len(cores) < len(os.sched_getaffinity(0)):
-        os.sched_setaffinity(0, cores)
+        _pin_threads(cores)
     intra = threads if threads > 0 else max(1, len(cores))
     tf.config.threading.set_intra_op_parallelism_threads(intra)
     tf.config.threading.set_inter_op_parallelism_threads(2)

@@ -1,17 +1,39 @@
-"""hvdtrain.dist with real ranks: Horovod's threads yield the CPU to the compute where that was
-measured to help (world size 1, MPI) and keep their priority under Gloo."""
-import re
+"""hvdtrain.dist with real ranks: every thread of a rank stays on the rank's own cores, and
+Horovod's threads yield the CPU to the compute where that was measured to help (world size 1,
+MPI) and keep their priority under Gloo."""
+import functools
+import json
+import os
 
 import pytest
 
 from tests.ranks import run_ranks
 
 
+@functools.lru_cache(maxsize=None)
+def _placements(np_: int, launcher: str) -> tuple:
+    """Each rank's thread placement (see tests/workers/thread_placement.py), in rank order."""
+    out = run_ranks(np_, ["-m", "tests.workers.thread_placement"], launcher=launcher, timeout=120).stdout
+    ranks = sorted((json.loads(line.split("placement ", 1)[1]) for line in out.splitlines() if "placement " in line),
+                   key=lambda r: r["rank"])
+    assert [r["rank"] for r in ranks] == list(range(np_)), out
+    return tuple(ranks)
+
+
 @pytest.mark.parametrize("np_, launcher, yields", [(1, "single", True), (2, "mpirun", True), (2, "gloo", False)])
 def test_horovod_threads_yield_to_compute(np_, launcher, yields):
-    out = run_ranks(np_, ["-m", "tests.workers.thread_priorities"], launcher=launcher, timeout=120).stdout
-    counts = re.findall(r"rank (\d+): nice19=(\d+) nice0=(\d+)", out)
-    assert sorted(int(r) for r, _, _ in counts) == list(range(np_)), out
-    for _, niced, normal in counts:
-        assert int(normal) > 0, out  # TensorFlow's and Python's own threads keep their priority
-        assert (int(niced) > 0) is yields, out
+    for r in _placements(np_, launcher):
+        assert r["nice0"] > 0, r  # TensorFlow's and Python's own threads keep their priority
+        assert (r["nice19"] > 0) is yields, r
+
+
+@pytest.mark.parametrize("launcher", ["mpirun", "gloo"])
+def test_every_thread_of_a_rank_stays_on_its_own_cores(launcher):
+    """Horovod's and MPI's threads, started by hvd.init before the rank pins itself, are pinned too:
+    none of them runs on another rank's cores."""
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs 2 cores to give each of 2 ranks its own")
+    ranks = _placements(2, launcher)
+    for r in ranks:
+        assert r["thread_cores"] == r["cores"], r
+    assert not set(ranks[0]["cores"]) & set(ranks[1]["cores"]), ranks
