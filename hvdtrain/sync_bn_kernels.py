@@ -59,6 +59,21 @@ def grad_input(dy, x, mean_hi, a, b, c):
     return _library().hvdtrain_sync_bn_grad_input(dy, x, mean_hi, a, b, c)
 
 
+@tf.RegisterGradient("HvdtrainSyncBnNormalize")
+def _normalize_grad(op, dy):
+    """Gradient of ``y = (x - mean_hi) · scale + offset`` with respect to all four inputs.
+
+    The training path differentiates the whole layer with its own custom gradient; this one serves
+    the inference path (``training=False``, or a frozen layer) inside a model being trained.
+    """
+    x, mean_hi, scale, _ = op.inputs
+    sum_dy, sum_dy_centered = grad_sums(dy, x, mean_hi)
+    sum_dy = tf.cast(sum_dy, tf.float32)
+    zeros = tf.zeros_like(scale)
+    return (grad_input(dy, x, mean_hi, scale, zeros, zeros), -scale * sum_dy, tf.cast(sum_dy_centered, tf.float32),
+            sum_dy)
+
+
 def build(force: bool = False) -> str:
     """Compile the kernels against the installed TensorFlow (skipped when up to date).
 

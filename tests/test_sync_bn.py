@@ -152,14 +152,19 @@ def test_unbiased_moving_variance_and_zero_count():
     assert layer.moving_variance.numpy()[0] == pytest.approx(2.0)
 
 
-def test_frozen_layer_runs_in_inference_mode():
+def test_frozen_layer_runs_in_inference_mode_and_passes_gradients():
     layer = SyncBatchNormalization()
     x = tf.constant([[10.0], [20.0]])
     layer(x, training=True)
     mean_before = layer.moving_mean.numpy().copy()
     layer.trainable = False
-    layer(x, training=True)
+    with tf.GradientTape() as tape:  # gradients still flow through a frozen layer to the layers before it
+        tape.watch(x)
+        y = layer(x, training=True)
     np.testing.assert_array_equal(layer.moving_mean.numpy(), mean_before)
+    dx = tape.gradient(y, x).numpy()
+    expected = layer.gamma.numpy() / np.sqrt(layer.moving_variance.numpy() + layer.epsilon)
+    np.testing.assert_allclose(dx, np.broadcast_to(expected, dx.shape), rtol=1e-6)
 
 
 @pytest.mark.parametrize("kwargs, match", [
@@ -198,5 +203,9 @@ def test_cpu_kernels_equal_tensorflow_ops(shape, monkeypatch):
             loss = tf.reduce_sum(y * w)
         results.append([y, *tape.gradient(loss, [x, layer.gamma, layer.beta]), layer.moving_variance,
                         layer(x, training=False)])
+        with tf.GradientTape() as tape:  # inference mode inside a model being trained (frozen layers)
+            tape.watch(x)
+            loss = tf.reduce_sum(layer(x, training=False) * w)
+        results[-1] += tape.gradient(loss, [x, layer.gamma, layer.beta])
     for a, b in zip(*results):
         np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=2e-5, atol=2e-5)
