@@ -6,7 +6,8 @@ Layout of a checkpoint directory::
         state.index         tf.train.Checkpoint of the model and optimizer (no pickle)
         state.data-00000-of-00001
         meta.json           completed epochs, step within the epoch, the epoch's metric sums so far,
-                            world size, local batch, steps per epoch, model, seed, variable shapes
+                            world size, local batch, steps per epoch, model, seed, the data's
+                            fingerprint, variable shapes
     ckpt-000940/
     .tmp-ckpt-001410-<pid>/ a save in progress or interrupted: ignored, removed by the next save
 
@@ -35,6 +36,34 @@ def variable_signature(model: tf.keras.Model) -> list:
     (Shapes, not names: Keras numbers layer names per process, so names vary between runs.)
     """
     return [list(v.shape) for v in model.variables]
+
+
+def check_resumable(path: str, meta: dict, expected: dict) -> None:
+    """Refuse to resume from a checkpoint written by a run that differs in ``expected``'s keys.
+
+    Args:
+        path: the checkpoint, for the message.
+        meta: its ``meta.json``.
+        expected: this run's values of what a resumed run must keep, e.g. ``{"batch_size": 128,
+            "seed": 0, "data": Dataset.fingerprint()}``: a resumed run continues the same
+            sequence of global batches, drawn from the same permutations of the same examples.
+
+    Raises:
+        HvdtrainError: naming each differing key (and sub-key) with both values.
+    """
+    differences = []
+    for key, ours in expected.items():
+        theirs = meta.get(key)
+        if theirs == ours:
+            continue
+        if isinstance(ours, dict) and isinstance(theirs, dict):
+            differences += [f"{key}.{k}: {theirs.get(k)!r} there, {v!r} here" for k, v in ours.items()
+                            if theirs.get(k) != v]
+        else:
+            differences.append(f"{key}: {theirs!r} there, {ours!r} here")
+    if differences:
+        raise HvdtrainError(f"--resume: {path} was written by a run with other settings or data "
+                            f"({'; '.join(differences)}); resume with the same ones")
 
 
 def _fsync_dir(path: str) -> None:
@@ -74,6 +103,21 @@ class CheckpointManager:
             os.remove(probe)
         except OSError as e:
             raise HvdtrainError(f"checkpoint directory {directory} is not writable: {e.strerror or e}") from None
+        self._finish_interrupted_replacements()
+
+    def _finish_interrupted_replacements(self) -> None:
+        """Put back a checkpoint whose re-save (same tag, :meth:`save`) was interrupted between its
+        two renames, leaving only ``ckpt-N.old-<pid>``; drop such a copy once ``ckpt-N`` is back."""
+        for name in os.listdir(self.directory):
+            base, old_marker, _ = name.partition(".old-")
+            if not old_marker or not _NAME.match(base):
+                continue
+            old, final = os.path.join(self.directory, name), os.path.join(self.directory, base)
+            if os.path.isfile(os.path.join(final, "meta.json")):
+                shutil.rmtree(old, ignore_errors=True)
+            elif os.path.isfile(os.path.join(old, "meta.json")):
+                shutil.rmtree(final, ignore_errors=True)
+                os.rename(old, final)
 
     # ---- discovery ------------------------------------------------------------------------
     def completed(self) -> list:

@@ -205,6 +205,11 @@ class Config:
         _check(_is_int(self.seed) and 0 <= self.seed < 2**31, "--seed", "an integer in [0, 2^31)", self.seed)
         if self.checkpoint.resume and self.checkpoint.dir is None and self.log.dir is None:
             raise HvdtrainError("--resume needs the run to continue: pass its --log-dir or --checkpoint-dir")
+        passes = self.optim.backward_passes_per_step
+        if passes > 1 and self.checkpoint.every_steps % passes:
+            raise HvdtrainError(f"--checkpoint-every {self.checkpoint.every_steps} must be a multiple of "
+                                f"--backward-passes-per-step {passes}: a checkpoint between the passes of one update "
+                                f"would lose the gradients accumulated so far")
         if self.elastic.enabled and self.optim.backward_passes_per_step > 1:
             raise HvdtrainError(f"--elastic cannot be combined with --backward-passes-per-step "
                                 f"{self.optim.backward_passes_per_step}: a reset would drop half-accumulated "

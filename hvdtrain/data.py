@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import gzip
+import hashlib
 import os
 import zipfile
 import zlib
@@ -52,6 +53,16 @@ class Dataset:
     def input_shape(self) -> Tuple[int, int, int]:
         """``(H, W, C)`` of one image."""
         return tuple(self.x_train.shape[1:])
+
+    def fingerprint(self) -> dict:
+        """What every rank of a job must agree on: sizes, image shape and dtype, classes, and a
+        BLAKE2b digest (hex, 128 bits) of all images and labels. About 0.1 s for Fashion-MNIST."""
+        digest = hashlib.blake2b(digest_size=16)
+        for array in (self.x_train, self.y_train, self.x_test, self.y_test):
+            digest.update(np.ascontiguousarray(array).data)
+        return {"train_examples": len(self.y_train), "test_examples": len(self.y_test),
+                "image_shape": list(self.input_shape), "dtype": str(self.x_train.dtype),
+                "num_classes": int(self.num_classes), "digest": digest.hexdigest()}
 
 
 # ---- IDX -----------------------------------------------------------------------------------------
@@ -152,10 +163,12 @@ def load_npz(path: str) -> Dataset:
                                     f"{list(_IDX_FILES)}, found {npz.files}")
             for key in _IDX_FILES:
                 arrays[key] = npz[key]
-    except ValueError as e:  # object arrays refuse to load without pickle
-        raise HvdtrainError(f"{path}: cannot load without unpickling ({e}); store plain numeric arrays") from None
-    except (OSError, zipfile.BadZipFile, EOFError) as e:
-        raise HvdtrainError(f"cannot read NPZ file {path}: {e}") from None
+    except ValueError as e:
+        if "allow_pickle" in str(e):  # object arrays refuse to load without pickle
+            raise HvdtrainError(f"{path}: cannot load without unpickling ({e}); store plain numeric arrays") from None
+        raise HvdtrainError(f"cannot read NPZ file {path}: {e}") from None  # a damaged .npy header, say
+    except (OSError, zipfile.BadZipFile, EOFError, zlib.error) as e:
+        raise HvdtrainError(f"cannot read NPZ file {path}: {type(e).__name__}: {e}") from None
     for key in ("x_train", "x_test"):
         if arrays[key].ndim == 3:
             arrays[key] = arrays[key][..., None]

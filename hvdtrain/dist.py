@@ -340,7 +340,10 @@ def init_distributed(threads: int = 0, use_gpu: bool = True, stall_timeout: floa
     if elastic:
         # Horovod numbers local ranks per host *name*, and an elastic job may list one machine
         # under several names with one slot each (launch/discover_hosts.sh), where every worker
-        # has local rank 0. Pin by a slot unique on the machine instead.
+        # has local rank 0. Pin by a slot unique on the machine instead. The number of workers on
+        # the machine changes during the job and no worker knows its future maximum, so on a CPU
+        # the cores are split by the slots known at start-up: best effort, shares may overlap
+        # (slot 0, alone at first, keeps every core).
         local_rank = _machine_slot()
         local_size = max(local_size, local_rank + 1)
 

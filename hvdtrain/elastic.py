@@ -32,10 +32,9 @@ import time
 from horovod.common.elastic import ObjectState
 
 from hvdtrain import callbacks as cbs
-from hvdtrain.checkpoint import CheckpointManager
+from hvdtrain.checkpoint import CheckpointManager, check_resumable
 from hvdtrain.config import Config
 from hvdtrain.dist import DistContext, PeerFailure, is_peer_loss
-from hvdtrain.errors import HvdtrainError
 from hvdtrain.models import set_dropout_rank
 from hvdtrain.optim import rescale_schedule
 from hvdtrain.sharding import ShardPlan
@@ -110,19 +109,20 @@ def _peer_loss_as_reset():
         raise
 
 
-def _resume(config: Config, model, optimizer, num_examples: int) -> dict:
+def _resume(config: Config, model, optimizer, fingerprint: dict) -> dict:
     """Rank 0: restore the latest checkpoint into ``model`` and ``optimizer``; return its position.
 
-    The position is in examples, so the job may resume at any world size.
+    The position is in examples, so the job may resume at any world size (but not with another
+    local batch, seed or data).
 
     Raises:
-        HvdtrainError: no checkpoint, an unreadable one, or one of another model or local batch.
+        HvdtrainError: no checkpoint, an unreadable one, or one of another model, local batch,
+            seed or data.
     """
     ckpt_dir = config.checkpoint.dir or os.path.join(config.log.dir, "checkpoints")
     latest, meta = CheckpointManager(ckpt_dir, model, optimizer, keep=config.checkpoint.keep).restore_latest()
-    if meta.get("batch_size") != config.batch_size:
-        raise HvdtrainError(f"--resume: {latest} was written with --batch-size {meta.get('batch_size')}, this run "
-                            f"has {config.batch_size}; an elastic job may change its world size, not its local batch")
+    check_resumable(latest, meta, {"batch_size": config.batch_size, "seed": config.seed, "data": fingerprint})
+    num_examples = fingerprint["train_examples"]
     step = int(meta.get("step_in_epoch", 0))
     example = meta.get("example_in_epoch", min(step * meta["world_size"] * meta["batch_size"], num_examples))
     return {"epoch": int(meta["epoch"]), "example": int(example), "epoch_sums": meta.get("epoch_sums")}
@@ -150,9 +150,10 @@ def train_elastic(config: Config, ctx: DistContext, dataset, model, optimizer, w
     from horovod.common.elastic import run_fn
     from horovod.common.exceptions import HostsUpdatedInterrupt
 
-    from hvdtrain.train import Trainer, banner, broadcast_state, chief_callbacks, open_run_dir
+    from hvdtrain.train import Trainer, agree_on_data, banner, broadcast_state, chief_callbacks, open_run_dir
 
     n = len(dataset.y_train)
+    fingerprint = dataset.fingerprint()
     # A worker's own run directory name; rank 0's wins at the first sync.
     run_dir = config.log.dir or os.path.join("runs", time.strftime("%Y%m%d-%H%M%S"))
     state = TrainingState(model, optimizer, epoch=0, example=0, epoch_sums=None, run_dir=run_dir,
@@ -164,10 +165,11 @@ def train_elastic(config: Config, ctx: DistContext, dataset, model, optimizer, w
         watchdog.beat("the first step after an elastic (re)start")
         watchdog.rank = here.rank
         set_dropout_rank(model, here.rank)  # the ranks were renumbered: keep dropout masks distinct
+        agree_on_data(here, fingerprint)  # a worker that joined may have read another copy
         if state.resume_pending:
             # Once per job, at its first start: rank 0 reads the checkpoint and sends it to all.
             # (Workers that join later receive resume_pending=False, and the state, by sync.)
-            position = here.guarded("restoring the checkpoint", lambda: _resume(config, model, optimizer, n)
+            position = here.guarded("restoring the checkpoint", lambda: _resume(config, model, optimizer, fingerprint)
                                     if here.is_chief else None)
             vars(state).update(here.broadcast_object(position, name="hvdtrain.elastic.resume"))
             broadcast_state(here, model, optimizer)
@@ -182,7 +184,8 @@ def train_elastic(config: Config, ctx: DistContext, dataset, model, optimizer, w
             ckpt_dir = config.checkpoint.dir or os.path.join(state.run_dir, "checkpoints")
             # Rank 0 (perhaps another process than before the reset) opens the run directory; all
             # ranks agree on the outcome (a collective: every rank is past the sync here).
-            meta = {"model": config.model.name, "seed": config.seed, "elastic": True, "world_size": here.size,
+            meta = {"model": config.model.name, "seed": config.seed, "data": fingerprint, "elastic": True,
+                    "world_size": here.size,
                     "batch_size": config.batch_size, "steps_per_epoch": plan.steps_per_epoch,
                     "config": config.to_dict()}
 

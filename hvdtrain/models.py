@@ -158,8 +158,8 @@ def _import_model_fn(spec: str) -> Callable:
         raise HvdtrainError(f"--model {spec!r}: expected one of {BUILTIN_MODELS} or 'package.module:function'")
     try:
         module = importlib.import_module(module_name)
-    except ImportError as e:
-        raise HvdtrainError(f"--model {spec!r}: cannot import module {module_name!r} ({e})") from None
+    except Exception as e:  # noqa: BLE001 -- not found, or the user's module fails while importing
+        raise HvdtrainError(f"--model {spec!r}: cannot import module {module_name!r} ({type(e).__name__}: {e})") from None
     fn = getattr(module, fn_name, None)
     if not callable(fn):
         raise HvdtrainError(f"--model {spec!r}: module {module_name!r} has no function {fn_name!r}")

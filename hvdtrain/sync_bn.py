@@ -29,13 +29,14 @@ class SyncBatchNormalization(tf.keras.layers.Layer):
     with batch ``B_1 + ... + B_N``. Local batch sizes may differ and may be zero. Each training call
     costs one allreduce forward and one backward, each of ``2·C + 1`` resp. ``2·C`` numbers.
 
-    Forward: each rank computes, for each channel, its count ``n_r`` and its two-pass local moments
-    (mean ``m_r``, then sums of ``d = x - m_r`` and ``d²``), which are exact and free of cancellation
-    whatever the data's offset. These are re-expressed, in float64, as sums of ``x - K`` and
-    ``(x - K)²`` around a shift ``K`` identical on every rank (the moving mean, gradient stopped),
-    and summed over ranks in one float64 allreduce together with the count. The global mean and
-    variance follow without catastrophic cancellation: float64 leaves ~1e-16·(mean-K)²/var relative
-    error, so data with mean 1e4 and std 1 on the first step (``K = 0``) loses nothing
+    Forward: each rank computes, for each channel, its count ``n_r`` and its float64 sums of
+    ``x - K`` and ``(x - K)²`` around a shift ``K`` identical on every rank (the moving mean,
+    gradient stopped): on a CPU-only process in one pass with float64 accumulation (hvdtrain's
+    kernels), elsewhere from two-pass float32 local moments (mean ``m_r``, then sums of
+    ``d = x - m_r`` and ``d²``) re-expressed around ``K``. The sums and the count are summed over
+    ranks in one float64 allreduce. The global mean and variance follow without catastrophic
+    cancellation: float64 leaves ~1e-16·(mean-K)²/var relative error in the variance, so data with
+    mean 1e4 and std 1 on the first step (``K = 0``) loses nothing
     (Chan, Golub & LeVeque 1983, "Algorithms for computing the sample variance"; the shifted-data
     algorithm). The variance is clamped at 0 and a zero global count divides by nothing.
     The mean is then split into float32 ``hi + lo`` parts so ``x - mean`` stays exact in float32
@@ -201,7 +202,8 @@ class SyncBatchNormalization(tf.keras.layers.Layer):
     # ---- computation --------------------------------------------------------------------------
     # Per-channel quantities are flat [C] vectors; the element-wise work is done either by the
     # single-pass CPU kernels (hvdtrain/csrc, channels-last inputs on CPU-only processes) or by
-    # TensorFlow ops (any layout, any device). Both compute the same formulas.
+    # TensorFlow ops (any layout, any device). Both compute the same quantities (the moments by
+    # different passes; see the class docstring), equal to float32 rounding (tests/test_sync_bn.py).
     def _flat_params(self):
         """gamma, beta as float32 ``[C]`` (ones/zeros when disabled)."""
         c = self._channels

@@ -3,7 +3,7 @@
 The kernels (``hvdtrain/csrc/sync_bn_kernels.cc``) are compiled against the installed TensorFlow by
 ``python -m hvdtrain.sync_bn_kernels`` (run by ``scripts/setup.sh``). Without them, or on a process
 that sees a GPU, or with ``HVDTRAIN_SYNC_BN_KERNELS=0``, the layer uses TensorFlow ops that compute
-the same formulas.
+the same quantities (the moments in two float32 passes instead of one float64 pass).
 
 All tensors are float32 with channels on the last axis, except the float64 shifts and sums.
 """

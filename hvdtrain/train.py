@@ -4,6 +4,7 @@
 """
 from __future__ import annotations
 
+import math
 import os
 import sys
 import time
@@ -13,7 +14,7 @@ import numpy as np
 import tensorflow as tf
 
 from hvdtrain import callbacks as cbs
-from hvdtrain.checkpoint import CheckpointManager
+from hvdtrain.checkpoint import CheckpointManager, check_resumable
 from hvdtrain.config import Config
 from hvdtrain.data import Dataset, load_dataset
 from hvdtrain.dist import DistContext, PeerFailure, PeerLost, init_distributed, is_peer_loss
@@ -63,6 +64,8 @@ class Trainer:
         watchdog: told of every finished step; aborts the rank if progress stops.
         agree_on_side_effects: every rank agrees on the outcome of rank 0's checkpoint and log
             writes before the other callbacks run (elastic jobs; see :meth:`_checkpoint_hook`).
+        backward_passes_per_step: the optimizer's gradient accumulation K (steps per update); the
+            plan's steps per epoch must be a multiple of it.
 
     Raises:
         ValueError: if a chief-only callback is given to another rank.
@@ -70,8 +73,10 @@ class Trainer:
 
     def __init__(self, ctx: DistContext, model: tf.keras.Model, optimizer, dataset: Dataset, plan: ShardPlan,
                  log_every: int = 50, eval_batch_size: int = 1000, callbacks: Optional[List[cbs.Callback]] = None,
-                 watchdog: Optional[Watchdog] = None, agree_on_side_effects: bool = False):
+                 watchdog: Optional[Watchdog] = None, agree_on_side_effects: bool = False,
+                 backward_passes_per_step: int = 1):
         self.ctx, self.model, self.optimizer, self.plan = ctx, model, optimizer, plan
+        self.backward_passes_per_step = backward_passes_per_step
         self.agree_on_side_effects = agree_on_side_effects
         self.watchdog = watchdog or Watchdog(ctx.rank, timeout_s=0)
         self.log_every, self.eval_batch_size = log_every, eval_batch_size
@@ -123,6 +128,18 @@ class Trainer:
             return _loss_and_sums(model(images, training=False), labels)[1]
 
         return eval_step
+
+    def _update_mean_count(self, step: int) -> float:
+        """With gradient accumulation: the mean global batch over the passes of ``step``'s update.
+
+        Horovod applies the average of K passes' gradients, each a mean over its own global batch,
+        which would weight a short last batch like a full one. Scaling every pass's loss by this
+        mean count instead makes the update the mean over all the update's examples, as one step
+        on their union would be. (The epoch's steps are a multiple of K: see :func:`run`.)
+        """
+        k = self.backward_passes_per_step
+        first = step - step % k
+        return sum(self.plan.global_batch_size(s) for s in range(first, first + k)) / k
 
     # ---- exact global metrics ---------------------------------------------------------------------
     def _global_mean(self, local_sums, name: str) -> dict:
@@ -217,6 +234,8 @@ class Trainer:
             self._sums.assign(carried if self.ctx.is_chief else np.zeros(3))
             start = time.perf_counter()
             for step, indices, global_count in self.plan.epoch(epoch, first, first_example):
+                if self.backward_passes_per_step > 1:
+                    global_count = self._update_mean_count(step)
                 with in_collective(f"the allreduces of epoch {epoch + 1}, step {step + 1}"):
                     self.train_step(indices, np.float32(global_count))
                 self.watchdog.beat(f"epoch {epoch + 1}, step {step + 1}")
@@ -276,12 +295,34 @@ def open_run_dir(config: Config, run_dir: str, ckpt_dir: str, model, optimizer, 
     return manager
 
 
+def agree_on_data(ctx: DistContext, fingerprint: dict) -> None:
+    """Check that every rank loaded the same data as rank 0 (a collective).
+
+    Args:
+        ctx: this process's context.
+        fingerprint: this rank's :meth:`hvdtrain.data.Dataset.fingerprint`.
+
+    Raises:
+        HvdtrainError: on the lowest rank whose data differ from rank 0's, naming what differs
+            (the other ranks raise :class:`PeerFailure`).
+    """
+    chief = ctx.broadcast_object(fingerprint, name="hvdtrain.data_fingerprint")
+    error = None
+    if fingerprint != chief:
+        differ = "; ".join(f"{k}: {v!r} here, {chief.get(k)!r} on rank 0" for k, v in fingerprint.items()
+                           if chief.get(k) != v)
+        error = HvdtrainError(f"rank {ctx.rank} loaded other data than rank 0 ({differ}); every rank must read "
+                              f"the same dataset (the same files on every host)")
+    ctx.agree(error, "checking the data")
+
+
 def _open_checkpoints(config: Config, run_dir: str, ckpt_dir: str, model, optimizer, layout: dict):
     """Rank 0: the checkpoint manager and where to start, ``(manager, (epoch, step, sums))``,
     restoring the latest checkpoint if ``--resume``.
 
-    ``layout`` (world size, local batch, steps per epoch) must match the checkpoint's: a resumed
-    run continues the same sequence of global batches, so these cannot change.
+    ``layout`` (world size, local batch, steps per epoch, seed, the data's fingerprint) must match
+    the checkpoint's: a resumed run continues the same sequence of global batches, so these
+    cannot change.
     """
     manager = open_run_dir(config, run_dir, ckpt_dir, model, optimizer, fresh=not config.checkpoint.resume)
     if not config.checkpoint.resume:
@@ -290,10 +331,7 @@ def _open_checkpoints(config: Config, run_dir: str, ckpt_dir: str, model, optimi
     if meta.get("elastic"):
         raise HvdtrainError(f"--resume: {latest} was written by an elastic job, whose steps mix world sizes; "
                             f"resume it with --elastic")
-    theirs = {key: meta.get(key) for key in layout}
-    if theirs != layout:
-        raise HvdtrainError(f"--resume: {latest} was written by a run with {theirs}, this run has {layout}; "
-                            f"resume with the same number of ranks and --batch-size")
+    check_resumable(latest, meta, layout)
     return manager, (int(meta["epoch"]), int(meta.get("step_in_epoch", 0)), meta.get("epoch_sums"))
 
 
@@ -379,7 +417,25 @@ def run(config: Config) -> dict:
         # 2. Data: every rank loads the (small, in-memory) dataset; the plan gives each rank a
         #    disjoint shard per epoch and the same number of steps.
         dataset = ctx.guarded("loading data", lambda: load_dataset(config.data.dataset, config.data.data_dir, config.seed))
+        # The shard plan assumes every rank holds the same examples (same steps per rank,
+        # disjoint shards): a host with another copy of the data would hang or overlap.
+        fingerprint = dataset.fingerprint()
+        if not config.elastic.enabled:  # an elastic job checks after each state sync instead
+            agree_on_data(ctx, fingerprint)
         plan = ShardPlan(len(dataset.y_train), config.batch_size, ctx.size, ctx.rank, seed=config.seed)
+        passes = config.optim.backward_passes_per_step
+        if plan.steps_per_epoch % passes:
+            # Horovod applies an update every K passes and keeps the passes since the last one in
+            # memory: an update spanning two epochs would cross the epoch's checkpoint and lose them.
+            n = len(dataset.y_train)
+            fitting = [b for b in range(1, 2 * config.batch_size) if math.ceil(n / (b * ctx.size)) % passes == 0]
+            nearest = sorted(fitting, key=lambda b: abs(b - config.batch_size))[:2]
+            error = HvdtrainError(f"--backward-passes-per-step {passes} needs the steps per epoch to be a multiple of "
+                                  f"{passes} so that no update spans two epochs; here they are {plan.steps_per_epoch} "
+                                  f"({n} examples / global batch {plan.global_batch}); "
+                                  f"--batch-size {' or '.join(map(str, sorted(nearest)))} would do")
+            error.on_every_rank = True
+            raise error
         if len(dataset.y_train) < plan.global_batch:
             error = HvdtrainError(f"{dataset.name}: {len(dataset.y_train)} training examples are fewer than one global "
                                   f"batch ({ctx.size} ranks x --batch-size {config.batch_size}); use a smaller --batch-size")
@@ -406,7 +462,8 @@ def run(config: Config) -> dict:
         run_dir = ctx.broadcast_object(config.log.dir or os.path.join("runs", time.strftime("%Y%m%d-%H%M%S")),
                                        name="hvdtrain.run_dir")
         ckpt_dir = config.checkpoint.dir or os.path.join(run_dir, "checkpoints")
-        layout = {"world_size": ctx.size, "batch_size": config.batch_size, "steps_per_epoch": plan.steps_per_epoch}
+        layout = {"world_size": ctx.size, "batch_size": config.batch_size, "steps_per_epoch": plan.steps_per_epoch,
+                  "seed": config.seed, "data": fingerprint}
         watchdog.beat("opening the run directory")
         manager, start = ctx.guarded(
             "opening the run directory",
@@ -423,13 +480,14 @@ def run(config: Config) -> dict:
         if ctx.is_chief:
             print(banner(ctx, config, dataset, plan, schedule, model, run_dir, ckpt_dir, start_epoch, start_step),
                   flush=True)
-            meta = {"model": config.model.name, "seed": config.seed, **layout, "config": config.to_dict()}
+            meta = {"model": config.model.name, **layout, "config": config.to_dict()}
             callbacks = chief_callbacks(config, run_dir, manager, plan, optimizer, meta)
 
         # 8. Train: the same steps on every rank.
         watchdog.beat("the first training step")
         trainer = Trainer(ctx, model, optimizer, dataset, plan, log_every=config.log.log_every,
-                          eval_batch_size=config.data.eval_batch_size, callbacks=callbacks, watchdog=watchdog)
+                          eval_batch_size=config.data.eval_batch_size, callbacks=callbacks, watchdog=watchdog,
+                          backward_passes_per_step=passes)
         metrics = trainer.fit(start_epoch, config.epochs, start_step=start_step, start_sums=start_sums,
                               checkpoint_every=config.checkpoint.every_steps)
         if ctx.is_chief and "train_loss" not in metrics:

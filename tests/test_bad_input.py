@@ -36,6 +36,13 @@ def npz(tmp, **overrides):
     return ["--dataset", "npz", "--data-dir", save_npz(tmp / "data.npz", **overrides), *MLP]
 
 
+def per_rank_data(tmp):
+    """Rank 0 and rank 1 read NPZ files of the same shapes but different labels."""
+    save_npz(tmp / "data0.npz")
+    save_npz(tmp / "data1.npz", y_train=np.arange(12) % 3)
+    return ["-m", "tests.workers.per_rank_args", "--dataset", "npz", "--data-dir", str(tmp / "data{rank}.npz"), *MLP]
+
+
 def blocked(tmp):
     """A path under a regular file: no directory can be made there."""
     (tmp / "a-file").write_text("not a directory")
@@ -88,6 +95,8 @@ CASES = [
     ("unknown model name", lambda t, r: [*SYNTHETIC, "--model", "vgg"], "--model 'vgg': unknown model"),
     ("model module missing", lambda t, r: [*SYNTHETIC, "--model", "no_such_module:fn"],
      "cannot import module 'no_such_module'"),
+    ("model module fails at import", lambda t, r: [*SYNTHETIC, "--model", "tests.broken_models:model"],
+     "cannot import module 'tests.broken_models' (RuntimeError: this module fails at import (test))"),
     ("model function missing", lambda t, r: [*SYNTHETIC, "--model", "tests.models:no_such_fn"],
      "module 'tests.models' has no function 'no_such_fn'"),
     ("model function returns no model", lambda t, r: [*SYNTHETIC, "--model", "tests.models:not_a_model"],
@@ -97,9 +106,16 @@ CASES = [
                                                       "--checkpoint-dir", blocked(t)], "is not writable"),
     ("resume with a checkpoint of another model", lambda t, r: resume_from(t, r, model="tests.models:cnn_sync_bn"),
      "was written by another model"),
+    ("resume with another seed", lambda t, r: [*resume_from(t, r), "--seed", "1"], "seed: 0 there, 1 here"),
+    ("ranks read different data", lambda t, r: per_rank_data(t), "rank 1 loaded other data than rank 0"),
     ("resume with a corrupt checkpoint", lambda t, r: resume_from(t, r, truncate=True), "corrupt or incompatible"),
     ("--elastic without an elastic launcher", lambda t, r: [*SYNTHETIC, *MLP, "--elastic"],
      "--elastic: this process was not started by an elastic launcher"),
+    ("gradient accumulation across epochs", lambda t, r: [*SYNTHETIC, *MLP, "--backward-passes-per-step", "5"],
+     "--backward-passes-per-step 5 needs the steps per epoch to be a multiple of 5 so that no update spans "
+     "two epochs; here they are 24"),
+    ("checkpoints between accumulated passes", lambda t, r: ["--backward-passes-per-step", "2", "--checkpoint-every", "5"],
+     "--checkpoint-every 5 must be a multiple of --backward-passes-per-step 2"),
     ("--elastic with gradient accumulation", lambda t, r: ["--elastic", "--backward-passes-per-step", "2"],
      "--elastic cannot be combined with --backward-passes-per-step 2"),
 ]
@@ -127,7 +143,8 @@ def test_bad_input(tmp_path, make_args, message, request):
         args += ["--log-dir", str(earlier)]
     before = snapshot(tmp_path)
     start = time.monotonic()
-    proc = subprocess.run(command(2, ["-m", "hvdtrain", *args, "--threads", "1", "--no-progress"]), env=rank_env(),
+    entry = [] if args[0] == "-m" else ["-m", "hvdtrain"]  # a case may run hvdtrain through a test worker
+    proc = subprocess.run(command(2, [*entry, *args, "--threads", "1", "--no-progress"]), env=rank_env(),
                           capture_output=True, text=True, timeout=120)
     seconds = time.monotonic() - start
     output = proc.stdout + proc.stderr

@@ -1,5 +1,6 @@
 """Atomic checkpoints: round trip, keep-last-K, interrupted saves, wrong model, corrupt files."""
 import os
+import shutil
 
 import numpy as np
 import pytest
@@ -57,6 +58,20 @@ def test_crash_during_save_leaves_previous_checkpoint(tmp_path, monkeypatch):
     os.rename(tmp_path / leftover, tmp_path / ".tmp-ckpt-000002-1")
     manager.save(3, {"epoch": 3})
     assert not any(name.startswith(".tmp") for name in os.listdir(tmp_path))
+
+
+def test_crash_between_the_renames_of_a_re_save_keeps_the_checkpoint(tmp_path):
+    """Re-saving a tag renames the old copy aside, then the new one into place: a crash between the
+    two leaves only ckpt-N.old-<pid>, which the next manager puts back (or drops, if ckpt-N is back)."""
+    model, optimizer = model_and_optimizer()
+    CheckpointManager(str(tmp_path), model, optimizer).save(1, {"epoch": 1})
+    os.rename(tmp_path / "ckpt-000001", tmp_path / "ckpt-000001.old-4242")
+    manager = CheckpointManager(str(tmp_path), *model_and_optimizer())
+    assert manager.latest() == str(tmp_path / "ckpt-000001")
+    assert manager.restore(manager.latest())["epoch"] == 1
+    shutil.copytree(tmp_path / "ckpt-000001", tmp_path / "ckpt-000001.old-4243")
+    CheckpointManager(str(tmp_path), *model_and_optimizer())
+    assert sorted(os.listdir(tmp_path)) == ["ckpt-000001"]
 
 
 def test_checkpoint_of_another_model_is_refused(tmp_path):

@@ -116,6 +116,32 @@ def test_resume_mid_epoch_is_exact(tmp_path):
             assert m_resumed[key] == pytest.approx(m_whole[key], rel=1e-6), key
 
 
+def test_gradient_accumulation_with_a_short_last_batch_and_resume_is_exact(tmp_path):
+    """--backward-passes-per-step 2 at local batch 66 (46 passes per epoch, the last of 60 examples),
+    also crashed after a mid-epoch checkpoint and resumed, ends with the weights of one step per two
+    passes: local batch 132 (23 steps per epoch, the last of 192 examples)."""
+    common = [*FAST, "--epochs", "2", "--lr-schedule", "constant", "--warmup-epochs", "0"]
+    accumulated, plain, crashed = tmp_path / "accumulated", tmp_path / "plain", tmp_path / "crashed"
+    hvdtrain(2, [*common, "--batch-size", "66", "--backward-passes-per-step", "2", "--checkpoint-every", "10",
+                 "--keep-checkpoints", "100", "--log-dir", str(accumulated)])
+    hvdtrain(2, [*common, "--batch-size", "132", "--log-dir", str(plain)])
+    a, b = checkpoint_weights(accumulated / "checkpoints"), checkpoint_weights(plain / "checkpoints")
+    for k in a:
+        np.testing.assert_allclose(a[k], b[k], rtol=1e-5, atol=1e-6, err_msg=k)
+
+    shutil.copytree(accumulated, crashed)
+    for ckpt in (crashed / "checkpoints").iterdir():  # keep up to epoch 2, pass 10 (global pass 56)
+        if int(ckpt.name.split("-")[1]) > 56:
+            shutil.rmtree(ckpt)
+    (crashed / "metrics.jsonl").write_text((accumulated / "metrics.jsonl").read_text().splitlines(True)[0])
+    resumed = hvdtrain(2, [*common, "--batch-size", "66", "--backward-passes-per-step", "2", "--checkpoint-every",
+                           "10", "--log-dir", str(crashed), "--resume"])
+    assert "resuming at step 11 of epoch 2" in resumed.stdout
+    c = checkpoint_weights(crashed / "checkpoints")
+    for k in a:
+        np.testing.assert_allclose(c[k], a[k], rtol=1e-6, atol=1e-7, err_msg=k)
+
+
 @pytest.mark.parametrize("message, lost", [
     ("Horovod has been shut down. This was caused by an exception on one of the ranks", True),
     ("[third_party/gloo/gloo/transport/tcp/pair.cc:589] Read error [127.0.0.1]:37265: Connection reset by peer", True),

@@ -114,6 +114,20 @@ def test_npz_not_a_zip(tmp_path):
         load_npz(str(path))
 
 
+def test_npz_with_a_damaged_compressed_member(tmp_path):
+    """Deflate data damaged inside the archive: zlib's or zipfile's error, reported as ours."""
+    path = tmp_path / "damaged.npz"
+    rng = np.random.default_rng(0)
+    np.savez_compressed(path, x_train=rng.integers(0, 4, (200, 6, 6), dtype=np.uint8), y_train=np.arange(200) % 4,
+                        x_test=np.zeros((5, 6, 6), np.uint8), y_test=np.arange(5) % 4)
+    raw = bytearray(path.read_bytes())
+    start = raw.index(b"x_train.npy") + 200  # inside the first member's compressed data
+    raw[start:start + 64] = bytes(64)
+    path.write_bytes(bytes(raw))
+    with pytest.raises(HvdtrainError, match="cannot read NPZ file"):
+        load_npz(str(path))
+
+
 def test_synthetic_is_learnable_and_deterministic():
     a, b = make_synthetic(seed=3), make_synthetic(seed=3)
     assert np.array_equal(a.x_train, b.x_train) and np.array_equal(a.y_train, b.y_train)

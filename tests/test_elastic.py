@@ -113,9 +113,10 @@ def test_elastic_job_survives_a_killed_chief_and_uses_a_worker_added_back(tmp_pa
     assert all(e["train_examples"] == NUM_TRAIN for e in epochs), [e["train_examples"] for e in epochs]
     assert epochs[-1]["train_accuracy"] > 0.7, epochs[-1]  # chance is 0.1
     assert "Killed" in out or "exit with status code 137" in out, out[-3000:]
-    # The survivor, rank 1 before the kill, became rank 0; the worker added back took rank 1. Each
-    # traced its step with dropout keyed by its new rank (the model raises otherwise), so no two
-    # workers drew the same masks.
+    # The survivor, rank 1 before the kill, became rank 0 and traced its step again: its dropout
+    # masks must now follow rank 0 (the model raises, failing the job, whenever a trace finds a
+    # worker's masks keyed by another rank than its current one). The check ran alone at world
+    # size 1, after the kill, as well as at world size 2.
     checked = set(re.findall(r"dropout keyed by the current rank (\d) of world size (\d)", out))
     assert {("0", "1"), ("0", "2"), ("1", "2")} <= checked, sorted(checked)
 

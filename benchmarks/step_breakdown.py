@@ -1,0 +1,157 @@
+"""Where a training step at np ranks loses time against np=1: compute, synchronization, gradient bytes.
+
+    .venv/bin/python benchmarks/step_breakdown.py                 # seed CNN, per-rank BN, MPI, np = 1 and 2
+    .venv/bin/python benchmarks/step_breakdown.py --sync-bn       # with hvdtrain's SyncBatchNormalization
+
+Every job times four variants of the same step in alternating rounds (hvdtrain's compiled step on
+real Fashion-MNIST, local batch 128, one core per rank), so machine noise hits them alike:
+
+* ``no collectives``: the plain optimizer; the ranks compute independently (synchronized BN
+  layers, with ``--sync-bn``, still make their allreduces);
+* ``barrier``: the same plus one payload-free allreduce per step after the backward pass: what
+  waiting for the slower rank costs;
+* ``hvdtrain``: ``hvd.DistributedOptimizer``, the gradients allreduced (the real step);
+* ``allreduce only``: the allreduce of a gradient-sized float32 tensor in a compiled function, no
+  compute: the communication alone.
+
+Jobs at np = 1 and 2 alternate ``--repeats`` times; each figure is the median over repeats of each
+job's median step time. Prints a table of ms per step and the costs derived from it, and writes a
+PNG plot.
+"""
+import argparse
+import os
+import statistics
+import sys
+
+import numpy as np
+
+import common
+
+
+def worker(a) -> None:
+    from hvdtrain.dist import init_distributed
+
+    ctx = init_distributed(threads=1, use_gpu=False)
+    import horovod.tensorflow as hvd
+    import tensorflow as tf
+
+    from hvdtrain.config import OptimConfig
+    from hvdtrain.models import norm_factory, seed_cnn
+    from hvdtrain.optim import build_optimizer
+    from hvdtrain.sharding import ShardPlan
+    from hvdtrain.train import Trainer, broadcast_state
+
+    dataset = common.bench_dataset("cnn", a.batch_size, ctx.size)
+    plan = ShardPlan(len(dataset.y_train), a.batch_size, ctx.size, ctx.rank)
+
+    class BarrierSGD(tf.keras.optimizers.SGD):
+        """SGD that waits, after the backward pass, in one allreduce of a single zero."""
+
+        def compute_gradients(self, loss, var_list, tape=None):
+            grads = super().compute_gradients(loss, var_list, tape=tape)
+            ready = tf.add_n([tf.reduce_sum(g) for g, _ in grads]) * 0.0  # after every gradient exists
+            token = hvd.allreduce(ready[None], op=hvd.Sum, name="bench.barrier")
+            with tf.control_dependencies([token]):
+                return [(tf.identity(g), v) for g, v in grads]
+
+    def training_steps(variant):
+        tf.keras.utils.set_random_seed(0)
+        model = seed_cnn(dataset.input_shape, dataset.num_classes, norm=norm_factory(a.sync_bn))
+        if variant == "hvdtrain":
+            optimizer, _ = build_optimizer(OptimConfig(warmup_epochs=0), ctx.size, plan.steps_per_epoch, 100)
+        else:
+            optimizer = (BarrierSGD if variant == "barrier" else tf.keras.optimizers.SGD)(0.05, momentum=0.9)
+        optimizer.build(model.trainable_variables)
+        broadcast_state(ctx, model, optimizer)
+        trainer = Trainer(ctx, model, optimizer, dataset, plan)
+        batches = ((i, np.float32(c)) for e in range(10**6) for _, i, c in plan.epoch(e) if len(i) == a.batch_size)
+
+        def run(n):
+            for _ in range(n):
+                trainer.train_step(*next(batches))
+            trainer._sums.numpy()  # the last step has finished
+
+        return run, sum(v.shape.num_elements() for v in model.trainable_variables)
+
+    runs = {}
+    for variant in ("no collectives", "barrier", "hvdtrain"):
+        runs[variant], gradient_elements = training_steps(variant)
+    gradients = tf.Variable(tf.ones([gradient_elements]))
+
+    @tf.function
+    def allreduce_only():
+        gradients.assign(hvd.allreduce(gradients, op=hvd.Average, name="bench.gradients"))
+
+    def run_allreduce(n):
+        for _ in range(n):
+            allreduce_only()
+        gradients.numpy()
+
+    runs["allreduce only"] = run_allreduce
+    medians = common.alternating_step_times(ctx, runs, a.warmup, a.rounds, a.steps)
+    if ctx.is_chief:
+        common.write_result(a.result, {"np": ctx.size, "ms": {k: v * 1e3 for k, v in medians.items()},
+                                       "gradient_mib": gradient_elements * 4 / 2**20, "rss_mib": common.peak_rss_mib()})
+    ctx.close()
+
+
+def driver(a) -> None:
+    args = ["--batch-size", str(a.batch_size), "--rounds", str(a.rounds), "--steps", str(a.steps),
+            "--warmup", str(a.warmup)] + (["--sync-bn"] if a.sync_bn else [])
+    jobs = {1: [], 2: []}
+    for repeat in range(a.repeats):
+        for np_ in jobs:
+            transport = "single" if np_ == 1 and a.transport == "gloo" else a.transport
+            r = common.run_job(np_, __file__, args, transport, cores=common.cores_for(np_))
+            jobs[np_].append(r)
+            print(f"np={np_} (repeat {repeat + 1}/{a.repeats}): " + ", ".join(
+                f"{k} {v:.2f} ms" for k, v in r["ms"].items()), flush=True)
+    variants = list(jobs[1][0]["ms"])
+    ms = {np_: {v: statistics.median(r["ms"][v] for r in runs) for v in variants} for np_, runs in jobs.items()}
+    mib = jobs[1][0]["gradient_mib"]
+    common.print_table(["variant", "np=1 ms/step", "np=2 ms/step", "np=2 / np=1"],
+                       [[v, f"{ms[1][v]:.2f}", f"{ms[2][v]:.2f}", f"{ms[2][v] / ms[1][v]:.3f}"] for v in variants],
+                       title=f"seed CNN, {'synchronized' if a.sync_bn else 'per-rank'} BN, local batch {a.batch_size}, "
+                             f"{a.transport}, one core per rank; median of {a.repeats} jobs per np")
+    two, one = ms[2], ms[1]
+    common.print_table(["cost at np=2", "ms/step", "share of the np=2 step"], [
+        ["compute slowdown (no collectives, np=2 - np=1)", f"{two['no collectives'] - one['no collectives']:.2f}",
+         f"{(two['no collectives'] - one['no collectives']) / two['hvdtrain']:.1%}"],
+        ["waiting for the slower rank (barrier - no collectives)", f"{two['barrier'] - two['no collectives']:.2f}",
+         f"{(two['barrier'] - two['no collectives']) / two['hvdtrain']:.1%}"],
+        [f"gradient allreduce in the step ({mib:.2f} MiB; hvdtrain - barrier)", f"{two['hvdtrain'] - two['barrier']:.2f}",
+         f"{(two['hvdtrain'] - two['barrier']) / two['hvdtrain']:.1%}"],
+        ["the same allreduce alone", f"{two['allreduce only']:.2f}", f"{two['allreduce only'] / two['hvdtrain']:.1%}"],
+        ["scaling efficiency (np=1 / np=2 step time)", f"{one['hvdtrain'] / two['hvdtrain']:.3f}", ""],
+    ])
+    plt = common.matplotlib_pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4))
+    x = np.arange(len(variants))
+    for i, np_ in enumerate(ms):
+        ax.bar(x + (i - 0.5) * 0.4, [ms[np_][v] for v in variants], 0.4, label=f"np={np_}")
+    ax.set(xticks=x, xticklabels=variants, ylabel="ms per step (median)",
+           title=f"seed CNN step, {'synchronized' if a.sync_bn else 'per-rank'} BN, {a.transport}")
+    ax.legend()
+    common.save_plot(fig, a.plot)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--sync-bn", action="store_true", help="hvdtrain's SyncBatchNormalization instead of per-rank BN")
+    p.add_argument("--transport", default="mpi", choices=["gloo", "mpi"])
+    p.add_argument("--batch-size", type=int, default=128, help="local batch per rank")
+    p.add_argument("--repeats", type=int, default=3, help="jobs per np, alternating np = 1, 2")
+    p.add_argument("--rounds", type=int, default=7, help="alternating rounds per job (median over them)")
+    p.add_argument("--steps", type=int, default=10, help="steps per variant per round")
+    p.add_argument("--warmup", type=int, default=5, help="untimed steps per variant first (tracing)")
+    p.add_argument("--plot", default=None, help="PNG path (default: benchmarks/figures/step_breakdown_<bn>.png)")
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--result", help=argparse.SUPPRESS)
+    a = p.parse_args()
+    a.plot = a.plot or os.path.join(common.REPO, "benchmarks", "figures",
+                                    f"step_breakdown_{'sync_bn' if a.sync_bn else 'local_bn'}.png")
+    worker(a) if a.worker else driver(a)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
