@@ -53,7 +53,9 @@ def check_resumable(path: str, meta: dict, expected: dict) -> None:
     """
     differences = []
     for key, ours in expected.items():
-        theirs = meta.get(key)
+        if key not in meta:  # written before hvdtrain recorded it: nothing to compare
+            continue
+        theirs = meta[key]
         if theirs == ours:
             continue
         if isinstance(ours, dict) and isinstance(theirs, dict):
@@ -116,8 +118,12 @@ class CheckpointManager:
             if os.path.isfile(os.path.join(final, "meta.json")):
                 shutil.rmtree(old, ignore_errors=True)
             elif os.path.isfile(os.path.join(old, "meta.json")):
-                shutil.rmtree(final, ignore_errors=True)
-                os.rename(old, final)
+                try:
+                    shutil.rmtree(final, ignore_errors=True)
+                    os.rename(old, final)
+                except OSError as e:
+                    raise HvdtrainError(f"cannot restore interrupted checkpoint {old} as {final}: "
+                                        f"{e.strerror or e}") from None
 
     # ---- discovery ------------------------------------------------------------------------
     def completed(self) -> list:

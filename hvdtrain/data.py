@@ -65,6 +65,14 @@ class Dataset:
                 "num_classes": int(self.num_classes), "digest": digest.hexdigest()}
 
 
+def data_mismatch(rank: int, fingerprint: dict, chief: dict) -> HvdtrainError:
+    """The error for a rank whose :meth:`Dataset.fingerprint` differs from rank 0's, naming what differs."""
+    differ = "; ".join(f"{k}: {v!r} here, {chief.get(k)!r} on rank 0" for k, v in fingerprint.items()
+                       if chief.get(k) != v)
+    return HvdtrainError(f"rank {rank} loaded other data than rank 0 ({differ}); every rank must read the same "
+                         f"dataset (the same files on every host)")
+
+
 # ---- IDX -----------------------------------------------------------------------------------------
 def read_idx(path: str) -> np.ndarray:
     """Read one IDX file (raw or gzip-compressed) into a numpy array.

@@ -250,18 +250,22 @@ def _thread_ids() -> set:
     return {int(t) for t in os.listdir("/proc/self/task")} if os.path.isdir("/proc/self/task") else set()
 
 
-def _pin_threads(cores) -> None:
+def _pin_threads(cores, skip=()) -> None:
     """Confine every thread of this process, not only the calling one, to ``cores``.
 
     ``sched_setaffinity`` binds one thread, and threads started before it keep their affinity:
     Horovod's background loop and MPI's helpers (started by ``hvd.init``) and TensorFlow's
     early threads would otherwise run on every core of the host, the other ranks' included.
     Threads started later inherit the affinity of the thread that starts them.
+
+    Args:
+        cores: the CPU cores (ints).
+        skip: thread ids to leave as they are.
     """
-    for tid in _thread_ids() or {0}:
+    for tid in (_thread_ids() or {0}) - set(skip):
         try:
             os.sched_setaffinity(tid, cores)
-        except OSError:  # the thread has exited meanwhile
+        except ProcessLookupError:  # the thread has exited meanwhile
             pass
 
 
@@ -372,7 +376,8 @@ def init_distributed(threads: int = 0, use_gpu: bool = True, stall_timeout: floa
     # another rank's cores.
     cores = _cpu_share(local_rank, local_size)
     if cores and len(cores) < len(os.sched_getaffinity(0)):
-        _pin_threads(cores)
+        # (A user's HOROVOD_THREAD_AFFINITY places Horovod's background thread: leave it there.)
+        _pin_threads(cores, skip=horovod_threads if os.environ.get("HOROVOD_THREAD_AFFINITY") else ())
     intra = threads if threads > 0 else max(1, len(cores))
     tf.config.threading.set_intra_op_parallelism_threads(intra)
     tf.config.threading.set_inter_op_parallelism_threads(2)

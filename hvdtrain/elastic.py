@@ -34,6 +34,7 @@ from horovod.common.elastic import ObjectState
 from hvdtrain import callbacks as cbs
 from hvdtrain.checkpoint import CheckpointManager, check_resumable
 from hvdtrain.config import Config
+from hvdtrain.data import data_mismatch
 from hvdtrain.dist import DistContext, PeerFailure, is_peer_loss
 from hvdtrain.models import set_dropout_rank
 from hvdtrain.optim import rescale_schedule
@@ -51,18 +52,21 @@ class TrainingState(ObjectState):
     Args:
         model: the Keras model (built).
         optimizer: its optimizer, variables built.
+        fingerprint: this worker's :meth:`hvdtrain.data.Dataset.fingerprint`; a sync checks it
+            against rank 0's (kept as the attribute ``data``).
         **kwargs: plain Python values kept with the variables and exposed as attributes:
             ``epoch`` (completed epochs, int), ``example`` (position in that epoch's permutation,
             int), ``epoch_sums`` (the epoch's global ``[loss, correct, count]`` so far, or None),
             ``run_dir`` (str), ``dir_checked`` (bool), ``resume_pending`` (bool).
     """
 
-    def __init__(self, model, optimizer, **kwargs):
+    def __init__(self, model, optimizer, fingerprint: dict, **kwargs):
         import horovod.tensorflow as hvd
 
         self._variables = list(model.variables) + list(optimizer.variables)
         self._values = [v.numpy() for v in self._variables]
-        super().__init__(bcast_object=hvd.broadcast_object, get_rank=hvd.rank, **kwargs)
+        self._fingerprint = fingerprint
+        super().__init__(bcast_object=hvd.broadcast_object, get_rank=hvd.rank, data=fingerprint, **kwargs)
 
     def save(self):
         """Copy the variables to host memory (a commit; local, no collective)."""
@@ -80,14 +84,20 @@ class TrainingState(ObjectState):
 
         Raises:
             HorovodInternalError: if a worker is lost meanwhile (a joining worker that failed
-                its start-up, say), so that Horovod's elastic loop resets again without it.
+                its start-up, or one that left because of its data), so that Horovod's elastic
+                loop resets again without it.
+            HvdtrainError: on a worker whose data differ from rank 0's (a host with another copy
+                of the dataset, say): it leaves alone, before the variables (whose shapes may
+                differ too) are broadcast.
         """
         import horovod.tensorflow as hvd
 
         with _peer_loss_as_reset():
+            super().sync()  # the attributes first: rank 0's position and data fingerprint
+            if self.data != self._fingerprint:
+                raise data_mismatch(hvd.rank(), self._fingerprint, self.data)
             hvd.broadcast_variables(self._variables, root_rank=0)
             self._values = [v.numpy() for v in self._variables]
-            super().sync()
 
 
 @contextlib.contextmanager
@@ -144,19 +154,20 @@ def train_elastic(config: Config, ctx: DistContext, dataset, model, optimizer, w
     Raises:
         HvdtrainError: for bad checkpoints or directories, or an error in rank 0's writes, on
             rank 0 (which prints it); the other workers raise :class:`PeerFailure`, and the
-            driver ends the job. (An error in a worker's own start-up ends that worker only.)
+            driver ends the job. (An error in a worker's own start-up, or data that differ from
+            rank 0's, ends that worker only.)
     """
     import horovod.tensorflow as hvd
     from horovod.common.elastic import run_fn
     from horovod.common.exceptions import HostsUpdatedInterrupt
 
-    from hvdtrain.train import Trainer, agree_on_data, banner, broadcast_state, chief_callbacks, open_run_dir
+    from hvdtrain.train import Trainer, banner, broadcast_state, chief_callbacks, open_run_dir
 
     n = len(dataset.y_train)
     fingerprint = dataset.fingerprint()
     # A worker's own run directory name; rank 0's wins at the first sync.
     run_dir = config.log.dir or os.path.join("runs", time.strftime("%Y%m%d-%H%M%S"))
-    state = TrainingState(model, optimizer, epoch=0, example=0, epoch_sums=None, run_dir=run_dir,
+    state = TrainingState(model, optimizer, fingerprint, epoch=0, example=0, epoch_sums=None, run_dir=run_dir,
                           dir_checked=config.checkpoint.resume, resume_pending=config.checkpoint.resume)
 
     def train_once(state: TrainingState) -> dict:
@@ -165,7 +176,6 @@ def train_elastic(config: Config, ctx: DistContext, dataset, model, optimizer, w
         watchdog.beat("the first step after an elastic (re)start")
         watchdog.rank = here.rank
         set_dropout_rank(model, here.rank)  # the ranks were renumbered: keep dropout masks distinct
-        agree_on_data(here, fingerprint)  # a worker that joined may have read another copy
         if state.resume_pending:
             # Once per job, at its first start: rank 0 reads the checkpoint and sends it to all.
             # (Workers that join later receive resume_pending=False, and the state, by sync.)

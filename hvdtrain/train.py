@@ -16,7 +16,7 @@ import tensorflow as tf
 from hvdtrain import callbacks as cbs
 from hvdtrain.checkpoint import CheckpointManager, check_resumable
 from hvdtrain.config import Config
-from hvdtrain.data import Dataset, load_dataset
+from hvdtrain.data import Dataset, data_mismatch, load_dataset
 from hvdtrain.dist import DistContext, PeerFailure, PeerLost, init_distributed, is_peer_loss
 from hvdtrain.elastic import train_elastic
 from hvdtrain.errors import HvdtrainError
@@ -220,9 +220,16 @@ class Trainer:
 
         Returns:
             The last epoch's metrics (or, with nothing left to train, the test metrics).
+
+        Raises:
+            ValueError: with epochs to train, if the steps per epoch are not a multiple of
+                ``backward_passes_per_step`` (:func:`run` checks it first, with a clear message).
         """
-        self._checkpoint_hook("on_train_begin", start_epoch, epochs)  # rank 0 may rewrite metrics.jsonl
         metrics, steps = {}, self.plan.steps_per_epoch
+        if start_epoch < epochs and steps % self.backward_passes_per_step:
+            raise ValueError(f"{steps} steps per epoch are not a multiple of backward_passes_per_step "
+                             f"{self.backward_passes_per_step}")
+        self._checkpoint_hook("on_train_begin", start_epoch, epochs)  # rank 0 may rewrite metrics.jsonl
         for epoch in range(start_epoch, epochs):
             first, first_example = (start_step, start_example) if epoch == start_epoch else (0, 0)
             first = self.plan.start_step(first, first_example)
@@ -307,13 +314,7 @@ def agree_on_data(ctx: DistContext, fingerprint: dict) -> None:
             (the other ranks raise :class:`PeerFailure`).
     """
     chief = ctx.broadcast_object(fingerprint, name="hvdtrain.data_fingerprint")
-    error = None
-    if fingerprint != chief:
-        differ = "; ".join(f"{k}: {v!r} here, {chief.get(k)!r} on rank 0" for k, v in fingerprint.items()
-                           if chief.get(k) != v)
-        error = HvdtrainError(f"rank {ctx.rank} loaded other data than rank 0 ({differ}); every rank must read "
-                              f"the same dataset (the same files on every host)")
-    ctx.agree(error, "checking the data")
+    ctx.agree(data_mismatch(ctx.rank, fingerprint, chief) if fingerprint != chief else None, "checking the data")
 
 
 def _open_checkpoints(config: Config, run_dir: str, ckpt_dir: str, model, optimizer, layout: dict):
@@ -424,16 +425,16 @@ def run(config: Config) -> dict:
             agree_on_data(ctx, fingerprint)
         plan = ShardPlan(len(dataset.y_train), config.batch_size, ctx.size, ctx.rank, seed=config.seed)
         passes = config.optim.backward_passes_per_step
-        if plan.steps_per_epoch % passes:
+        if plan.steps_per_epoch % passes and config.epochs > 0:
             # Horovod applies an update every K passes and keeps the passes since the last one in
             # memory: an update spanning two epochs would cross the epoch's checkpoint and lose them.
             n = len(dataset.y_train)
             fitting = [b for b in range(1, 2 * config.batch_size) if math.ceil(n / (b * ctx.size)) % passes == 0]
-            nearest = sorted(fitting, key=lambda b: abs(b - config.batch_size))[:2]
+            nearest = sorted(sorted(fitting, key=lambda b: abs(b - config.batch_size))[:2])
+            hint = f"; --batch-size {' or '.join(map(str, nearest))} would do" if nearest else ""
             error = HvdtrainError(f"--backward-passes-per-step {passes} needs the steps per epoch to be a multiple of "
                                   f"{passes} so that no update spans two epochs; here they are {plan.steps_per_epoch} "
-                                  f"({n} examples / global batch {plan.global_batch}); "
-                                  f"--batch-size {' or '.join(map(str, sorted(nearest)))} would do")
+                                  f"({n} examples / global batch {plan.global_batch}){hint}")
             error.on_every_rank = True
             raise error
         if len(dataset.y_train) < plan.global_batch:
@@ -470,6 +471,14 @@ def run(config: Config) -> dict:
             lambda: _open_checkpoints(config, run_dir, ckpt_dir, model, optimizer, layout) if ctx.is_chief
             else (None, None))
         start_epoch, start_step, start_sums = ctx.broadcast_object(start, name="hvdtrain.start")
+        if start_step % passes:
+            # Horovod's count of accumulated passes starts at 0 in this process: the resumed step
+            # must begin an update (a checkpoint of a run with another --backward-passes-per-step).
+            error = HvdtrainError(f"--resume: the checkpoint is at step {start_step} of epoch {start_epoch + 1}, inside "
+                                  f"an update of --backward-passes-per-step {passes}; resume with the "
+                                  f"--backward-passes-per-step of the run that wrote it")
+            error.on_every_rank = True
+            raise error
 
         # 6. Broadcast: every rank starts from rank 0's weights and optimizer state (fresh or restored).
         watchdog.beat("broadcasting the initial state")

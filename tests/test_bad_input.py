@@ -5,6 +5,7 @@ Each case prepares its files under ``tmp_path`` and gives the arguments and the 
 stderr exactly once (printed by rank 0 or by the rank that found the problem).
 """
 import hashlib
+import json
 import os
 import re
 import shutil
@@ -59,9 +60,14 @@ def trained_run(tmp_path_factory):
     return run_dir
 
 
-def resume_from(tmp, trained_run, model="tests.models:mlp", truncate=False):
+def resume_from(tmp, trained_run, model="tests.models:mlp", truncate=False, step_in_epoch=None):
     run_dir = tmp / "resumed"
     shutil.copytree(trained_run, run_dir)
+    if step_in_epoch is not None:  # as if written mid-epoch (--checkpoint-every)
+        meta_file = sorted((run_dir / "checkpoints").iterdir())[-1] / "meta.json"
+        meta = json.loads(meta_file.read_text())
+        meta.update(epoch=0, step_in_epoch=step_in_epoch, epoch_sums=[0.0, 0.0, 0.0])
+        meta_file.write_text(json.dumps(meta))
     if truncate:
         ckpt = sorted((run_dir / "checkpoints").iterdir())[-1]
         data = next(p for p in ckpt.iterdir() if p.name.startswith("state.data"))
@@ -106,6 +112,9 @@ CASES = [
                                                       "--checkpoint-dir", blocked(t)], "is not writable"),
     ("resume with a checkpoint of another model", lambda t, r: resume_from(t, r, model="tests.models:cnn_sync_bn"),
      "was written by another model"),
+    ("resume inside an accumulated update",  # 47 steps per epoch here, so K = 47
+     lambda t, r: [*resume_from(t, r, step_in_epoch=5), "--backward-passes-per-step", "47"],
+     "inside an update of --backward-passes-per-step 47"),
     ("resume with another seed", lambda t, r: [*resume_from(t, r), "--seed", "1"], "seed: 0 there, 1 here"),
     ("ranks read different data", lambda t, r: per_rank_data(t), "rank 1 loaded other data than rank 0"),
     ("resume with a corrupt checkpoint", lambda t, r: resume_from(t, r, truncate=True), "corrupt or incompatible"),

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from hvdtrain.checkpoint import CheckpointManager
+from hvdtrain.checkpoint import CheckpointManager, check_resumable
 from hvdtrain.errors import HvdtrainError
 
 
@@ -100,3 +100,10 @@ def test_unwritable_directory(tmp_path):
     blocker.write_text("x")
     with pytest.raises(HvdtrainError, match="not writable"):
         CheckpointManager(str(blocker / "sub"), *model_and_optimizer())
+
+
+def test_check_resumable_names_each_difference_and_skips_what_older_checkpoints_lack():
+    ours = {"batch_size": 64, "seed": 0, "data": {"train_examples": 10, "digest": "ab"}}
+    check_resumable("ckpt", {"batch_size": 64, "seed": 0}, ours)  # written before data fingerprints
+    with pytest.raises(HvdtrainError, match=r"seed: 1 there, 0 here; data.digest: 'cd' there, 'ab' here\)"):
+        check_resumable("ckpt", {"batch_size": 64, "seed": 1, "data": {"train_examples": 10, "digest": "cd"}}, ours)

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import psutil
 import pytest
 
@@ -39,7 +40,7 @@ def _epochs(log):
     return [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
 
 
-def _elastic_job(tmp_path, hosts, np_, max_np, args, env=None):
+def _elastic_job(tmp_path, hosts, np_, max_np, args, env=None, module="hvdtrain"):
     """Start ``horovodrun --min-np 1`` with a discovery script that prints the file ``tmp_path/hosts``
     (first written with ``hosts``; append to it to add workers) and ``hvdtrain --elastic``.
 
@@ -54,7 +55,7 @@ def _elastic_job(tmp_path, hosts, np_, max_np, args, env=None):
     single_host = ["--network-interfaces", "lo"] if len(hosts) == 1 else []
     argv = [str(BIN / "horovodrun"), "-np", str(np_), "--min-np", "1", "--max-np", str(max_np),
             "--host-discovery-script", str(discover), *single_host,
-            sys.executable, "-m", "hvdtrain", "--elastic", "--dataset", "synthetic", "--batch-size", "32",
+            sys.executable, "-m", module, "--elastic", "--dataset", "synthetic", "--batch-size", "32",
             "--threads", "1", "--no-progress", "--log-dir", str(tmp_path / "run"), *args]
     job = subprocess.Popen(argv, cwd=REPO, env=rank_env(env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                            text=True, start_new_session=True)
@@ -179,6 +180,32 @@ def test_a_worker_that_fails_while_joining_is_left_out(tmp_path):
     epochs = _epochs(log)
     assert [e["epoch"] for e in epochs] == list(range(1, 7)) and {e["world_size"] for e in epochs} == {1}
     assert all(e["train_examples"] == NUM_TRAIN for e in epochs)
+
+
+def test_a_worker_with_other_data_leaves_and_the_job_goes_on(tmp_path):
+    """A worker that joins with another copy of the data (its host's file has other labels) leaves
+    with one message; the others go on without it."""
+    rng = np.random.default_rng(0)
+    n = 6400  # 200 steps per epoch: the job outlasts the joining worker's start-up
+    x_train, x_test = rng.integers(0, 256, (n, 8, 8), dtype=np.uint8), rng.integers(0, 256, (64, 8, 8), dtype=np.uint8)
+    for host, labels in (("localhost", np.arange(n) % 4), ("127.0.0.1", np.arange(n) % 5)):
+        np.savez(tmp_path / f"data_{host}.npz", x_train=x_train, y_train=labels, x_test=x_test, y_test=np.arange(64) % 4)
+    log = tmp_path / "run" / "metrics.jsonl"
+    job, hosts = _elastic_job(tmp_path, ["localhost"], 1, 2,
+                              ["--commit-every", "5", "--epochs", "30", "--model", "tests.models:mlp", "--dataset",
+                               "npz", "--data-dir", str(tmp_path / "data_{host}.npz")],
+                              module="tests.workers.per_rank_args")
+    try:
+        _wait_for("the first epoch", lambda: len(_epochs(log)) >= 1, job)
+        with open(hosts, "a") as f:
+            f.write("127.0.0.1:1\n")
+    finally:
+        out = _finish(job)
+    assert job.returncode == 0, out[-5000:]
+    assert out.count("rank 1 loaded other data than rank 0 (num_classes: 5 here, 4 on rank 0; digest:") == 1, out[-4000:]
+    epochs = _epochs(log)
+    assert [e["epoch"] for e in epochs] == list(range(1, 31)) and {e["world_size"] for e in epochs} == {1}
+    assert all(e["train_examples"] == n for e in epochs)
 
 
 def test_an_error_in_rank_0s_writes_stops_every_worker_once(tmp_path):
