@@ -138,7 +138,8 @@ def _resume(config: Config, model, optimizer, fingerprint: dict) -> dict:
     return {"epoch": int(meta["epoch"]), "example": int(example), "epoch_sums": meta.get("epoch_sums")}
 
 
-def train_elastic(config: Config, ctx: DistContext, dataset, model, optimizer, watchdog: Watchdog) -> dict:
+def train_elastic(config: Config, ctx: DistContext, dataset, fingerprint: dict, model, optimizer,
+                  watchdog: Watchdog) -> dict:
     """Steps 5-8 of :func:`hvdtrain.train.run` for an elastic job, re-run after every reset.
 
     Args:
@@ -146,6 +147,7 @@ def train_elastic(config: Config, ctx: DistContext, dataset, model, optimizer, w
         ctx: this process's context as started; refreshed after each reset.
         dataset, model, optimizer: as built by :func:`hvdtrain.train.run` (not yet broadcast:
             the first state sync does that).
+        fingerprint: ``dataset.fingerprint()``, checked against rank 0's at every state sync.
         watchdog: the stall watchdog (told of resets, which wait for the driver).
 
     Returns:
@@ -164,7 +166,6 @@ def train_elastic(config: Config, ctx: DistContext, dataset, model, optimizer, w
     from hvdtrain.train import Trainer, banner, broadcast_state, chief_callbacks, open_run_dir
 
     n = len(dataset.y_train)
-    fingerprint = dataset.fingerprint()
     # A worker's own run directory name; rank 0's wins at the first sync.
     run_dir = config.log.dir or os.path.join("runs", time.strftime("%Y%m%d-%H%M%S"))
     state = TrainingState(model, optimizer, fingerprint, epoch=0, example=0, epoch_sums=None, run_dir=run_dir,

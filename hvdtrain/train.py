@@ -317,6 +317,28 @@ def agree_on_data(ctx: DistContext, fingerprint: dict) -> None:
     ctx.agree(data_mismatch(ctx.rank, fingerprint, chief) if fingerprint != chief else None, "checking the data")
 
 
+def _check_accumulation_fits_epochs(plan: ShardPlan, passes: int) -> None:
+    """Refuse ``--backward-passes-per-step`` K unless the steps per epoch are a multiple of K.
+
+    Horovod applies an update every K passes and keeps the passes since the last one in memory:
+    an update spanning two epochs would cross the epoch's checkpoint and lose them.
+
+    Raises:
+        HvdtrainError: on every rank alike, suggesting the nearest local batch sizes that fit.
+    """
+    if plan.steps_per_epoch % passes == 0:
+        return
+    n, batch = plan.num_examples, plan.local_batch
+    fitting = [b for b in range(1, 2 * batch) if math.ceil(n / (b * plan.world_size)) % passes == 0]
+    nearest = sorted(sorted(fitting, key=lambda b: abs(b - batch))[:2])
+    hint = f"; --batch-size {' or '.join(map(str, nearest))} would do" if nearest else ""
+    error = HvdtrainError(f"--backward-passes-per-step {passes} needs the steps per epoch to be a multiple of "
+                          f"{passes} so that no update spans two epochs; here they are {plan.steps_per_epoch} "
+                          f"({n} examples / global batch {plan.global_batch}){hint}")
+    error.on_every_rank = True  # every rank has the same plan
+    raise error
+
+
 def _open_checkpoints(config: Config, run_dir: str, ckpt_dir: str, model, optimizer, layout: dict):
     """Rank 0: the checkpoint manager and where to start, ``(manager, (epoch, step, sums))``,
     restoring the latest checkpoint if ``--resume``.
@@ -425,18 +447,8 @@ def run(config: Config) -> dict:
             agree_on_data(ctx, fingerprint)
         plan = ShardPlan(len(dataset.y_train), config.batch_size, ctx.size, ctx.rank, seed=config.seed)
         passes = config.optim.backward_passes_per_step
-        if plan.steps_per_epoch % passes and config.epochs > 0:
-            # Horovod applies an update every K passes and keeps the passes since the last one in
-            # memory: an update spanning two epochs would cross the epoch's checkpoint and lose them.
-            n = len(dataset.y_train)
-            fitting = [b for b in range(1, 2 * config.batch_size) if math.ceil(n / (b * ctx.size)) % passes == 0]
-            nearest = sorted(sorted(fitting, key=lambda b: abs(b - config.batch_size))[:2])
-            hint = f"; --batch-size {' or '.join(map(str, nearest))} would do" if nearest else ""
-            error = HvdtrainError(f"--backward-passes-per-step {passes} needs the steps per epoch to be a multiple of "
-                                  f"{passes} so that no update spans two epochs; here they are {plan.steps_per_epoch} "
-                                  f"({n} examples / global batch {plan.global_batch}){hint}")
-            error.on_every_rank = True
-            raise error
+        if config.epochs > 0:
+            _check_accumulation_fits_epochs(plan, passes)
         if len(dataset.y_train) < plan.global_batch:
             error = HvdtrainError(f"{dataset.name}: {len(dataset.y_train)} training examples are fewer than one global "
                                   f"batch ({ctx.size} ranks x --batch-size {config.batch_size}); use a smaller --batch-size")
@@ -457,7 +469,7 @@ def run(config: Config) -> dict:
 
         if config.elastic.enabled:
             # Steps 5-8, re-run whenever workers leave or join (hvdtrain.elastic).
-            return train_elastic(config, ctx, dataset, model, optimizer, watchdog)
+            return train_elastic(config, ctx, dataset, fingerprint, model, optimizer, watchdog)
 
         # 5. Run directory and checkpoints (rank 0 only writes), restored state on resume.
         run_dir = ctx.broadcast_object(config.log.dir or os.path.join("runs", time.strftime("%Y%m%d-%H%M%S")),
