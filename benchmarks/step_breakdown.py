@@ -10,7 +10,10 @@ real Fashion-MNIST, local batch 128, one core per rank), so machine noise hits t
   layers, with ``--sync-bn``, still make their allreduces);
 * ``barrier``: the same plus one payload-free allreduce per step after the backward pass: what
   waiting for the slower rank costs;
-* ``hvdtrain``: ``hvd.DistributedOptimizer``, the gradients allreduced (the real step);
+* ``hvdtrain``: ``hvd.DistributedOptimizer``, the gradients allreduced (the real step): Horovod
+  negotiates each gradient as the backward pass produces it, and fuses what is ready together;
+* ``one group``: the same with Horovod's ``groups=1``: one grouped allreduce of every gradient,
+  negotiated once, after the backward pass (what per-gradient negotiation costs);
 * ``allreduce only``: the allreduce of a gradient-sized float32 tensor in a compiled function, no
   compute: the communication alone.
 
@@ -33,6 +36,7 @@ def worker(a) -> None:
 
     ctx = init_distributed(threads=1, use_gpu=False)
     import horovod.tensorflow as hvd
+    import horovod.tensorflow.keras as hvd_keras
     import tensorflow as tf
 
     from hvdtrain.config import OptimConfig
@@ -59,11 +63,19 @@ def worker(a) -> None:
         model = seed_cnn(dataset.input_shape, dataset.num_classes, norm=norm_factory(a.sync_bn))
         if variant == "hvdtrain":
             optimizer, _ = build_optimizer(OptimConfig(warmup_epochs=0), ctx.size, plan.steps_per_epoch, 100)
+        elif variant == "one group":
+            # horovod.tensorflow.keras' wrapper: horovod.tensorflow.DistributedOptimizer hands a Keras
+            # optimizer on to it but drops ``groups`` (Horovod 0.28.1), so nothing would be grouped.
+            optimizer = hvd_keras.DistributedOptimizer(tf.keras.optimizers.SGD(0.05, momentum=0.9), groups=1)
         else:
             optimizer = (BarrierSGD if variant == "barrier" else tf.keras.optimizers.SGD)(0.05, momentum=0.9)
         optimizer.build(model.trainable_variables)
         broadcast_state(ctx, model, optimizer)
         trainer = Trainer(ctx, model, optimizer, dataset, plan)
+        if variant == "one group":  # a ``groups`` that Horovod dropped would measure the default again
+            graph = trainer.train_step.get_concrete_function().graph.as_graph_def()
+            ops = {n.op for n in graph.node} | {n.op for f in graph.library.function for n in f.node_def}
+            assert "HorovodGroupedAllreduce" in ops, "groups=1 made no grouped allreduce"
         batches = ((i, np.float32(c)) for e in range(10**6) for _, i, c in plan.epoch(e) if len(i) == a.batch_size)
 
         def run(n):
@@ -74,7 +86,7 @@ def worker(a) -> None:
         return run, sum(v.shape.num_elements() for v in model.trainable_variables)
 
     runs = {}
-    for variant in ("no collectives", "barrier", "hvdtrain"):
+    for variant in ("no collectives", "barrier", "hvdtrain", "one group"):
         runs[variant], gradient_elements = training_steps(variant)
     gradients = tf.Variable(tf.ones([gradient_elements]))
 

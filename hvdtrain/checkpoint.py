@@ -24,7 +24,7 @@ from typing import Optional
 
 import tensorflow as tf
 
-from hvdtrain.errors import HvdtrainError
+from hvdtrain.errors import HvdtrainError, describe_differences
 
 _NAME = re.compile(r"^ckpt-(\d{6,})$")
 FORMAT_VERSION = 1
@@ -51,18 +51,8 @@ def check_resumable(path: str, meta: dict, expected: dict) -> None:
     Raises:
         HvdtrainError: naming each differing key (and sub-key) with both values.
     """
-    differences = []
-    for key, ours in expected.items():
-        if key not in meta:  # written before hvdtrain recorded it: nothing to compare
-            continue
-        theirs = meta[key]
-        if theirs == ours:
-            continue
-        if isinstance(ours, dict) and isinstance(theirs, dict):
-            differences += [f"{key}.{k}: {theirs.get(k)!r} there, {v!r} here" for k, v in ours.items()
-                            if theirs.get(k) != v]
-        else:
-            differences.append(f"{key}: {theirs!r} there, {ours!r} here")
+    # A key the checkpoint lacks was written before hvdtrain recorded it: nothing to compare.
+    differences = describe_differences({k: v for k, v in expected.items() if k in meta}, meta, "there")
     if differences:
         raise HvdtrainError(f"--resume: {path} was written by a run with other settings or data "
                             f"({'; '.join(differences)}); resume with the same ones")

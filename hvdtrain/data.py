@@ -15,7 +15,7 @@ from typing import Tuple
 
 import numpy as np
 
-from hvdtrain.errors import HvdtrainError
+from hvdtrain.errors import HvdtrainError, describe_differences
 
 DEFAULT_DATA_DIR = "/usr/share/datasets/fashion-mnist"
 
@@ -67,8 +67,7 @@ class Dataset:
 
 def data_mismatch(rank: int, fingerprint: dict, chief: dict) -> HvdtrainError:
     """The error for a rank whose :meth:`Dataset.fingerprint` differs from rank 0's, naming what differs."""
-    differ = "; ".join(f"{k}: {v!r} here, {chief.get(k)!r} on rank 0" for k, v in fingerprint.items()
-                       if chief.get(k) != v)
+    differ = "; ".join(describe_differences(fingerprint, chief, "on rank 0"))
     return HvdtrainError(f"rank {rank} loaded other data than rank 0 ({differ}); every rank must read the same "
                          f"dataset (the same files on every host)")
 

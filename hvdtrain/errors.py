@@ -1,4 +1,4 @@
-"""The one exception type hvdtrain raises for problems a user can fix."""
+"""The one exception type hvdtrain raises for problems a user can fix, and a helper for its messages."""
 
 
 class HvdtrainError(Exception):
@@ -8,3 +8,28 @@ class HvdtrainError(Exception):
     with status 2, instead of a traceback per rank. Messages name the offending input and the value
     received, e.g. ``--batch-size must be >= 1, got 0``.
     """
+
+
+def describe_differences(ours: dict, theirs: dict, there: str, prefix: str = "") -> list:
+    """Name each key whose value differs between ``ours`` and ``theirs``, for an error message.
+
+    Args:
+        ours: this process's values.
+        theirs: the values to compare with (a missing key counts as ``None``).
+        there: where ``theirs`` come from, e.g. ``"on rank 0"`` or ``"there"``.
+        prefix: prepended to every key (used for nested dicts).
+
+    Returns:
+        ``["key: <ours> here, <theirs> <there>", ...]`` in ``ours``' key order; a key whose values are
+        both dicts is compared key by key and named ``key.sub``.
+    """
+    differences = []
+    for key, mine in ours.items():
+        other = theirs.get(key)
+        if other == mine:
+            continue
+        if isinstance(mine, dict) and isinstance(other, dict):
+            differences += describe_differences(mine, other, there, f"{prefix}{key}.")
+        else:
+            differences.append(f"{prefix}{key}: {mine!r} here, {other!r} {there}")
+    return differences

@@ -115,7 +115,7 @@ CASES = [
     ("resume inside an accumulated update",  # 47 steps per epoch here, so K = 47
      lambda t, r: [*resume_from(t, r, step_in_epoch=5), "--backward-passes-per-step", "47"],
      "inside an update of --backward-passes-per-step 47"),
-    ("resume with another seed", lambda t, r: [*resume_from(t, r), "--seed", "1"], "seed: 0 there, 1 here"),
+    ("resume with another seed", lambda t, r: [*resume_from(t, r), "--seed", "1"], "seed: 1 here, 0 there"),
     ("ranks read different data", lambda t, r: per_rank_data(t), "rank 1 loaded other data than rank 0"),
     ("resume with a corrupt checkpoint", lambda t, r: resume_from(t, r, truncate=True), "corrupt or incompatible"),
     ("--elastic without an elastic launcher", lambda t, r: [*SYNTHETIC, *MLP, "--elastic"],

@@ -105,5 +105,5 @@ def test_unwritable_directory(tmp_path):
 def test_check_resumable_names_each_difference_and_skips_what_older_checkpoints_lack():
     ours = {"batch_size": 64, "seed": 0, "data": {"train_examples": 10, "digest": "ab"}}
     check_resumable("ckpt", {"batch_size": 64, "seed": 0}, ours)  # written before data fingerprints
-    with pytest.raises(HvdtrainError, match=r"seed: 1 there, 0 here; data.digest: 'cd' there, 'ab' here\)"):
+    with pytest.raises(HvdtrainError, match=r"seed: 0 here, 1 there; data.digest: 'ab' here, 'cd' there\)"):
         check_resumable("ckpt", {"batch_size": 64, "seed": 1, "data": {"train_examples": 10, "digest": "cd"}}, ours)

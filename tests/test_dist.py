@@ -37,3 +37,20 @@ def test_every_thread_of_a_rank_stays_on_its_own_cores(launcher):
     for r in ranks:
         assert r["thread_cores"] == r["cores"], r
     assert not set(ranks[0]["cores"]) & set(ranks[1]["cores"]), ranks
+
+
+def test_a_users_horovod_thread_affinity_is_left_alone():
+    """With HOROVOD_THREAD_AFFINITY set, Horovod places its background thread itself (here each
+    rank's on the other rank's core); hvdtrain pins the rank's other threads and leaves that one
+    where the user put it."""
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs 2 cores to give each of 2 ranks its own")
+    first, second = sorted(os.sched_getaffinity(0))[:2]
+    users_core = {0: second, 1: first}  # by local rank
+    out = run_ranks(2, ["-m", "tests.workers.thread_placement"], launcher="mpirun", timeout=120,
+                    env={"HOROVOD_THREAD_AFFINITY": f"{second},{first}"}).stdout
+    ranks = [json.loads(line.split("placement ", 1)[1]) for line in out.splitlines() if "placement " in line]
+    assert sorted(r["rank"] for r in ranks) == [0, 1], out
+    for r in ranks:
+        assert users_core[r["rank"]] not in r["cores"], r
+        assert r["thread_cores"] == sorted(set(r["cores"]) | {users_core[r["rank"]]}), r
