@@ -47,7 +47,9 @@ def main():
             base = medians["local"]
             print(f"{model_name:>9} np={ctx.size} local batch {a.batch_size}: " + "  ".join(
                 f"{v} {t * 1e3:7.2f} ms ({t / base:5.3f}x)" for v, t in medians.items()), flush=True)
+    rss = common.gather_rss(ctx)
     if ctx.is_chief:
+        print("peak RSS per rank (MiB, every model and variant in one process): " + ", ".join(f"{r:.0f}" for r in rss))
         for model_name, m in results.items():
             print(f"{model_name:>9}: hvdtrain / local = {m['hvdtrain'] / m['local']:.3f}, "
                   f"hvdtrain / horovod = {m['hvdtrain'] / m['horovod']:.3f}")

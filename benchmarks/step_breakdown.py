@@ -101,9 +101,10 @@ def worker(a) -> None:
 
     runs["allreduce only"] = run_allreduce
     medians = common.alternating_step_times(ctx, runs, a.warmup, a.rounds, a.steps)
+    rss = common.gather_rss(ctx)
     if ctx.is_chief:
         common.write_result(a.result, {"np": ctx.size, "ms": {k: v * 1e3 for k, v in medians.items()},
-                                       "gradient_mib": gradient_elements * 4 / 2**20, "rss_mib": common.peak_rss_mib()})
+                                       "gradient_mib": gradient_elements * 4 / 2**20, "rss_mib": rss})
     ctx.close()
 
 
@@ -136,6 +137,8 @@ def driver(a) -> None:
         ["the same allreduce alone", f"{two['allreduce only']:.2f}", f"{two['allreduce only'] / two['hvdtrain']:.1%}"],
         ["scaling efficiency (np=1 / np=2 step time)", f"{one['hvdtrain'] / two['hvdtrain']:.3f}", ""],
     ])
+    print("peak RSS per rank (MiB, every variant in one process; last job per np): " + "; ".join(
+        f"np={np_}: " + ", ".join(f"{r:.0f}" for r in runs[-1]["rss_mib"]) for np_, runs in jobs.items()))
     plt = common.matplotlib_pyplot()
     fig, ax = plt.subplots(figsize=(7, 4))
     x = np.arange(len(variants))

@@ -88,6 +88,9 @@ class DistContext:
         elastic_startup: an elastic worker starting up, before its first state sync: it may
             start alone while the others wait in that sync, so :meth:`agree` runs no collective.
             :meth:`refreshed` (after the sync) clears it.
+        horovod_threads: ids of the threads ``hvd.init`` started in this process (Horovod's
+            background loop, MPI's or Gloo's helpers), for diagnostics such as
+            ``benchmarks/thread_time.py``.
     """
 
     rank: int
@@ -99,6 +102,7 @@ class DistContext:
     cpu_cores: tuple
     intra_op_threads: int
     elastic_startup: bool = False
+    horovod_threads: frozenset = frozenset()
 
     @property
     def is_chief(self) -> bool:
@@ -392,6 +396,7 @@ def init_distributed(threads: int = 0, use_gpu: bool = True, stall_timeout: floa
         cpu_cores=cores,
         intra_op_threads=intra,
         elastic_startup=elastic,
+        horovod_threads=frozenset(horovod_threads),
     )
     ctx.agree(error, "pinning devices")
     return ctx

@@ -25,6 +25,7 @@ def test_horovod_threads_yield_to_compute(np_, launcher, yields):
     for r in _placements(np_, launcher):
         assert r["nice0"] > 0, r  # TensorFlow's and Python's own threads keep their priority
         assert (r["nice19"] > 0) is yields, r
+        assert r["horovod_nice"] == ([19] if yields else [0]), r  # ctx.horovod_threads names exactly those
 
 
 @pytest.mark.parametrize("launcher", ["mpirun", "gloo"])

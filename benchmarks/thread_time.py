@@ -1,0 +1,185 @@
+"""Where a training step's CPU time goes, thread by thread, at np = 1 and 2 (one core per rank).
+
+    .venv/bin/python benchmarks/thread_time.py                 # seed CNN, per-rank BN, MPI
+    .venv/bin/python benchmarks/thread_time.py --sync-bn       # with hvdtrain's SyncBatchNormalization
+
+On CPU each rank has one core, so its step time is the CPU time of all its threads together
+whenever the core never idles. This script reads each thread's Linux scheduler statistics
+(``/proc/self/task/<tid>/schedstat``: nanoseconds run and nanoseconds waited runnable on the run
+queue) around timed steps, in three groups:
+
+* ``Python main``: the thread that calls the compiled step;
+* ``Horovod``: the threads ``hvd.init`` starts (Horovod's background loop, MPI's or Gloo's helpers;
+  nice 19 under MPI, see ``hvdtrain/dist.py``);
+* ``TensorFlow``: the threads TensorFlow starts afterwards (its inter-op and intra-op pools).
+
+Variants, alternating in rounds within each job as in ``step_breakdown.py``: ``no collectives`` (the
+plain optimizer), ``hvdtrain`` (the real step), and ``one group`` (every gradient in one grouped
+allreduce after the backward pass). Jobs at np = 1 and 2 alternate ``--repeats`` times; each figure
+is the median over jobs of the mean over ranks. Prints a table and writes a PNG plot (stacked CPU
+time per step against the step time).
+"""
+import argparse
+import os
+import statistics
+import sys
+import time
+
+import numpy as np
+
+import common
+
+GROUPS = ("Python main", "Horovod", "TensorFlow")
+VARIANTS = ("no collectives", "hvdtrain", "one group")
+
+
+def _thread_times() -> dict:
+    """``{tid: (ns run, ns waited on the run queue)}`` of this process's threads (Linux schedstat)."""
+    times = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/schedstat") as f:
+                run, wait, _ = map(int, f.read().split())
+        except FileNotFoundError:  # the thread exited meanwhile
+            continue
+        times[int(tid)] = (run, wait)
+    return times
+
+
+def worker(a) -> None:
+    from hvdtrain.dist import init_distributed
+
+    ctx = init_distributed(threads=1, use_gpu=False)
+    import horovod.tensorflow.keras as hvd_keras
+    import tensorflow as tf
+
+    from hvdtrain.config import OptimConfig
+    from hvdtrain.models import norm_factory, seed_cnn
+    from hvdtrain.optim import build_optimizer
+    from hvdtrain.sharding import ShardPlan
+    from hvdtrain.train import Trainer, broadcast_state
+
+    dataset = common.bench_dataset("cnn", a.batch_size, ctx.size)
+    plan = ShardPlan(len(dataset.y_train), a.batch_size, ctx.size, ctx.rank)
+
+    def training_steps(variant):
+        tf.keras.utils.set_random_seed(0)
+        model = seed_cnn(dataset.input_shape, dataset.num_classes, norm=norm_factory(a.sync_bn))
+        if variant == "hvdtrain":
+            optimizer, _ = build_optimizer(OptimConfig(warmup_epochs=0), ctx.size, plan.steps_per_epoch, 100)
+        elif variant == "one group":
+            # The Keras wrapper itself: horovod.tensorflow.DistributedOptimizer drops ``groups``.
+            optimizer = hvd_keras.DistributedOptimizer(tf.keras.optimizers.SGD(0.05, momentum=0.9), groups=1)
+        else:
+            optimizer = tf.keras.optimizers.SGD(0.05, momentum=0.9)
+        optimizer.build(model.trainable_variables)
+        broadcast_state(ctx, model, optimizer)
+        trainer = Trainer(ctx, model, optimizer, dataset, plan)
+        batches = ((i, np.float32(c)) for e in range(10**6) for _, i, c in plan.epoch(e) if len(i) == a.batch_size)
+
+        def run(n):
+            for _ in range(n):
+                trainer.train_step(*next(batches))
+            trainer._sums.numpy()  # the last step has finished
+
+        return run
+
+    runs = {variant: training_steps(variant) for variant in VARIANTS}
+    for run in runs.values():
+        run(a.warmup)  # tracing and allocation, untimed
+    main = os.getpid()
+
+    def group(tid):
+        return "Python main" if tid == main else "Horovod" if tid in ctx.horovod_threads else "TensorFlow"
+
+    totals = {v: {"step": 0.0, **{f"{g} {k}": 0.0 for g in GROUPS for k in ("run", "wait")}} for v in VARIANTS}
+    for _ in range(a.rounds):
+        for variant, run in runs.items():
+            start_times, start = _thread_times(), time.perf_counter()
+            run(a.steps)
+            elapsed, end_times = time.perf_counter() - start, _thread_times()
+            totals[variant]["step"] += elapsed
+            for tid, (ran, waited) in end_times.items():
+                ran0, waited0 = start_times.get(tid, (0, 0))
+                totals[variant][f"{group(tid)} run"] += (ran - ran0) / 1e9
+                totals[variant][f"{group(tid)} wait"] += (waited - waited0) / 1e9
+    keys = list(totals[VARIANTS[0]])
+    flat = [totals[v][k] * 1e3 / (a.rounds * a.steps) for v in VARIANTS for k in keys]  # ms per step
+    mean = ctx.allreduce_sum(flat, "bench.thread_time") / ctx.size
+    rss = common.gather_rss(ctx)
+    if ctx.is_chief:
+        result = {v: dict(zip(keys, mean[i * len(keys):(i + 1) * len(keys)].tolist())) for i, v in enumerate(VARIANTS)}
+        common.write_result(a.result, {"np": ctx.size, "ms": result, "rss_mib": rss})
+    ctx.close()
+
+
+def driver(a) -> None:
+    args = ["--batch-size", str(a.batch_size), "--rounds", str(a.rounds), "--steps", str(a.steps),
+            "--warmup", str(a.warmup)] + (["--sync-bn"] if a.sync_bn else [])
+    jobs, rss = {1: [], 2: []}, {}
+    for repeat in range(a.repeats):
+        for np_ in jobs:
+            transport = "single" if np_ == 1 and a.transport == "gloo" else a.transport
+            r = common.run_job(np_, __file__, args, transport, cores=common.cores_for(np_))
+            jobs[np_].append(r["ms"])
+            rss[np_] = r["rss_mib"]
+            print(f"np={np_} (repeat {repeat + 1}/{a.repeats}): " + ", ".join(
+                f"{v} {r['ms'][v]['step']:.2f} ms" for v in VARIANTS), flush=True)
+    ms = {np_: {v: {k: statistics.median(r[v][k] for r in runs) for k in runs[0][v]} for v in VARIANTS}
+          for np_, runs in jobs.items()}
+    rows = []
+    for np_ in jobs:
+        for v in VARIANTS:
+            m = ms[np_][v]
+            cpu = sum(m[f"{g} run"] for g in GROUPS)
+            rows.append([f"np={np_}", v, f"{m['step']:.2f}", *(f"{m[f'{g} run']:.2f}" for g in GROUPS),
+                         f"{cpu:.2f}", f"{cpu / m['step']:.3f}", f"{m['Horovod wait']:.1f}"])
+    common.print_table(["np", "variant", "step ms", *(f"{g} CPU ms" for g in GROUPS), "all threads CPU ms",
+                        "CPU / step", "Horovod run-queue wait ms"], rows,
+                       title=f"seed CNN, {'synchronized' if a.sync_bn else 'per-rank'} BN, local batch {a.batch_size}, "
+                             f"{a.transport}, one core per rank; per step, median of {a.repeats} jobs per np")
+    one, two = ms[1]["hvdtrain"], ms[2]["hvdtrain"]
+    common.print_table(["hvdtrain, np=2 against np=1", "ms/step"], [
+        ["step time", f"{two['step'] - one['step']:+.2f}"],
+        *[[f"{g} CPU", f"{two[f'{g} run'] - one[f'{g} run']:+.2f}"] for g in GROUPS],
+        ["scaling efficiency (np=1 step / np=2 step)", f"{one['step'] / two['step']:.3f}"],
+    ])
+    print("peak RSS per rank (MiB, every variant in one process; last job per np): " + "; ".join(
+        f"np={np_}: " + ", ".join(f"{r:.0f}" for r in per_rank) for np_, per_rank in rss.items()))
+    plt = common.matplotlib_pyplot()
+    fig, ax = plt.subplots(figsize=(8, 4))
+    labels = [f"np={np_}\n{v}" for np_ in jobs for v in VARIANTS]
+    bottom = np.zeros(len(labels))
+    for g in GROUPS:
+        heights = np.array([ms[np_][v][f"{g} run"] for np_ in jobs for v in VARIANTS])
+        ax.bar(labels, heights, 0.6, bottom=bottom, label=f"{g} CPU")
+        bottom += heights
+    ax.plot(labels, [ms[np_][v]["step"] for np_ in jobs for v in VARIANTS], "k_", markersize=30, label="step time")
+    ax.set(ylabel="ms per step (median)",
+           title=f"CPU time per step by thread, seed CNN, {'synchronized' if a.sync_bn else 'per-rank'} BN, {a.transport}")
+    ax.legend(fontsize=8)
+    common.save_plot(fig, a.plot)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--sync-bn", action="store_true", help="hvdtrain's SyncBatchNormalization instead of per-rank BN")
+    p.add_argument("--transport", default="mpi", choices=["gloo", "mpi"])
+    p.add_argument("--batch-size", type=int, default=128, help="local batch per rank")
+    p.add_argument("--repeats", type=int, default=3, help="jobs per np, alternating np = 1, 2")
+    p.add_argument("--rounds", type=int, default=5, help="alternating rounds per job")
+    p.add_argument("--steps", type=int, default=10, help="steps per variant per round")
+    p.add_argument("--warmup", type=int, default=5, help="untimed steps per variant first (tracing)")
+    p.add_argument("--plot", default=None, help="PNG path (default: benchmarks/figures/thread_time_<bn>.png)")
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--result", help=argparse.SUPPRESS)
+    a = p.parse_args()
+    if a.repeats < 1:
+        p.error(f"--repeats must be >= 1, got {a.repeats}")
+    a.plot = a.plot or os.path.join(common.REPO, "benchmarks", "figures",
+                                    f"thread_time_{'sync_bn' if a.sync_bn else 'local_bn'}.png")
+    worker(a) if a.worker else driver(a)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
