@@ -55,7 +55,8 @@ def main():
                   f"hvdtrain / horovod = {m['hvdtrain'] / m['horovod']:.3f}")
         if a.json:
             with open(a.json, "w") as f:
-                json.dump({"world_size": ctx.size, "batch_size": a.batch_size, "step_time_s": results}, f, indent=1)
+                json.dump({"world_size": ctx.size, "batch_size": a.batch_size, "step_time_s": results, "rss_mib": rss},
+                          f, indent=1)
     ctx.close()
 
 

@@ -225,9 +225,10 @@ def build_bench_model(model: str, dataset, sync_bn: bool = True, norm=None):
     raise SystemExit(f"unknown benchmark model {model!r}; one of {sorted(IMAGE_SHAPES)}")
 
 
-def hvdtrain_stepper(ctx, model, dataset, batch_size: int):
+def hvdtrain_stepper(ctx, model, dataset, batch_size: int, optimizer=None):
     """hvdtrain's :class:`~hvdtrain.train.Trainer` for ``model``, and ``run(n)`` that makes ``n``
-    training steps exactly as ``Trainer.fit`` does (shard plan, compiled step) and waits for them."""
+    training steps exactly as ``Trainer.fit`` does (shard plan, compiled step) and waits for them.
+    ``optimizer`` replaces hvdtrain's own (``build_optimizer``) to time a variant of the step."""
     import tensorflow as tf
     from hvdtrain.config import OptimConfig
     from hvdtrain.optim import build_optimizer
@@ -236,7 +237,8 @@ def hvdtrain_stepper(ctx, model, dataset, batch_size: int):
 
     plan = ShardPlan(len(dataset.y_train), batch_size, ctx.size, ctx.rank)
     with tf.device(ctx.device):
-        optimizer, _ = build_optimizer(OptimConfig(warmup_epochs=0), ctx.size, plan.steps_per_epoch, 100)
+        if optimizer is None:
+            optimizer, _ = build_optimizer(OptimConfig(warmup_epochs=0), ctx.size, plan.steps_per_epoch, 100)
         optimizer.build(model.trainable_variables)
     broadcast_state(ctx, model, optimizer)
     trainer = Trainer(ctx, model, optimizer, dataset, plan)
@@ -257,3 +259,23 @@ def hvdtrain_stepper(ctx, model, dataset, batch_size: int):
         trainer._sums.numpy()  # the last step has finished
 
     return trainer, run
+
+
+def one_group_sgd():
+    """SGD (rate 0.05, momentum 0.9) in Horovod's Keras wrapper with ``groups=1``: every gradient
+    in one grouped allreduce, negotiated once, after the backward pass. The Keras wrapper itself:
+    ``horovod.tensorflow.DistributedOptimizer`` hands a Keras optimizer on to it but drops
+    ``groups`` (Horovod 0.28.1), and nothing would be grouped."""
+    import horovod.tensorflow.keras as hvd_keras
+    import tensorflow as tf
+
+    return hvd_keras.DistributedOptimizer(tf.keras.optimizers.SGD(0.05, momentum=0.9), groups=1)
+
+
+def check_grouped(trainer) -> None:
+    """Raise ``RuntimeError`` unless ``trainer``'s compiled step holds a grouped allreduce: a
+    ``groups`` that Horovod dropped would silently time the default step again."""
+    graph = trainer.train_step.get_concrete_function().graph.as_graph_def()
+    ops = {n.op for n in graph.node} | {n.op for f in graph.library.function for n in f.node_def}
+    if "HorovodGroupedAllreduce" not in ops:
+        raise RuntimeError("the one-group optimizer made no grouped allreduce")

@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/step_breakdown.py                 # seed CNN, per-rank BN, MPI, np = 1 and 2
     .venv/bin/python benchmarks/step_breakdown.py --sync-bn       # with hvdtrain's SyncBatchNormalization
 
-Every job times four variants of the same step in alternating rounds (hvdtrain's compiled step on
+Every job times five variants of the same step in alternating rounds (hvdtrain's compiled step on
 real Fashion-MNIST, local batch 128, one core per rank), so machine noise hits them alike:
 
 * ``no collectives``: the plain optimizer; the ranks compute independently (synchronized BN
@@ -36,17 +36,11 @@ def worker(a) -> None:
 
     ctx = init_distributed(threads=1, use_gpu=False)
     import horovod.tensorflow as hvd
-    import horovod.tensorflow.keras as hvd_keras
     import tensorflow as tf
 
-    from hvdtrain.config import OptimConfig
     from hvdtrain.models import norm_factory, seed_cnn
-    from hvdtrain.optim import build_optimizer
-    from hvdtrain.sharding import ShardPlan
-    from hvdtrain.train import Trainer, broadcast_state
 
     dataset = common.bench_dataset("cnn", a.batch_size, ctx.size)
-    plan = ShardPlan(len(dataset.y_train), a.batch_size, ctx.size, ctx.rank)
 
     class BarrierSGD(tf.keras.optimizers.SGD):
         """SGD that waits, after the backward pass, in one allreduce of a single zero."""
@@ -61,28 +55,12 @@ def worker(a) -> None:
     def training_steps(variant):
         tf.keras.utils.set_random_seed(0)
         model = seed_cnn(dataset.input_shape, dataset.num_classes, norm=norm_factory(a.sync_bn))
-        if variant == "hvdtrain":
-            optimizer, _ = build_optimizer(OptimConfig(warmup_epochs=0), ctx.size, plan.steps_per_epoch, 100)
-        elif variant == "one group":
-            # horovod.tensorflow.keras' wrapper: horovod.tensorflow.DistributedOptimizer hands a Keras
-            # optimizer on to it but drops ``groups`` (Horovod 0.28.1), so nothing would be grouped.
-            optimizer = hvd_keras.DistributedOptimizer(tf.keras.optimizers.SGD(0.05, momentum=0.9), groups=1)
-        else:
-            optimizer = (BarrierSGD if variant == "barrier" else tf.keras.optimizers.SGD)(0.05, momentum=0.9)
-        optimizer.build(model.trainable_variables)
-        broadcast_state(ctx, model, optimizer)
-        trainer = Trainer(ctx, model, optimizer, dataset, plan)
-        if variant == "one group":  # a ``groups`` that Horovod dropped would measure the default again
-            graph = trainer.train_step.get_concrete_function().graph.as_graph_def()
-            ops = {n.op for n in graph.node} | {n.op for f in graph.library.function for n in f.node_def}
-            assert "HorovodGroupedAllreduce" in ops, "groups=1 made no grouped allreduce"
-        batches = ((i, np.float32(c)) for e in range(10**6) for _, i, c in plan.epoch(e) if len(i) == a.batch_size)
-
-        def run(n):
-            for _ in range(n):
-                trainer.train_step(*next(batches))
-            trainer._sums.numpy()  # the last step has finished
-
+        optimizer = {"hvdtrain": lambda: None, "one group": common.one_group_sgd,
+                     "barrier": lambda: BarrierSGD(0.05, momentum=0.9),
+                     "no collectives": lambda: tf.keras.optimizers.SGD(0.05, momentum=0.9)}[variant]()
+        trainer, run = common.hvdtrain_stepper(ctx, model, dataset, a.batch_size, optimizer)
+        if variant == "one group":
+            common.check_grouped(trainer)
         return run, sum(v.shape.num_elements() for v in model.trainable_variables)
 
     runs = {}

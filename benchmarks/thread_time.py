@@ -11,7 +11,7 @@ queue) around timed steps, in three groups:
 * ``Python main``: the thread that calls the compiled step;
 * ``Horovod``: the threads ``hvd.init`` starts (Horovod's background loop, MPI's or Gloo's helpers;
   nice 19 under MPI, see ``hvdtrain/dist.py``);
-* ``TensorFlow``: the threads TensorFlow starts afterwards (its inter-op and intra-op pools).
+* ``TensorFlow``: every other thread, nearly all of them TensorFlow's inter-op and intra-op pools.
 
 Variants, alternating in rounds within each job as in ``step_breakdown.py``: ``no collectives`` (the
 plain optimizer), ``hvdtrain`` (the real step), and ``one group`` (every gradient in one grouped
@@ -40,7 +40,7 @@ def _thread_times() -> dict:
         try:
             with open(f"/proc/self/task/{tid}/schedstat") as f:
                 run, wait, _ = map(int, f.read().split())
-        except FileNotFoundError:  # the thread exited meanwhile
+        except (FileNotFoundError, ProcessLookupError):  # the thread exited meanwhile
             continue
         times[int(tid)] = (run, wait)
     return times
@@ -50,38 +50,20 @@ def worker(a) -> None:
     from hvdtrain.dist import init_distributed
 
     ctx = init_distributed(threads=1, use_gpu=False)
-    import horovod.tensorflow.keras as hvd_keras
     import tensorflow as tf
 
-    from hvdtrain.config import OptimConfig
     from hvdtrain.models import norm_factory, seed_cnn
-    from hvdtrain.optim import build_optimizer
-    from hvdtrain.sharding import ShardPlan
-    from hvdtrain.train import Trainer, broadcast_state
 
     dataset = common.bench_dataset("cnn", a.batch_size, ctx.size)
-    plan = ShardPlan(len(dataset.y_train), a.batch_size, ctx.size, ctx.rank)
 
     def training_steps(variant):
         tf.keras.utils.set_random_seed(0)
         model = seed_cnn(dataset.input_shape, dataset.num_classes, norm=norm_factory(a.sync_bn))
-        if variant == "hvdtrain":
-            optimizer, _ = build_optimizer(OptimConfig(warmup_epochs=0), ctx.size, plan.steps_per_epoch, 100)
-        elif variant == "one group":
-            # The Keras wrapper itself: horovod.tensorflow.DistributedOptimizer drops ``groups``.
-            optimizer = hvd_keras.DistributedOptimizer(tf.keras.optimizers.SGD(0.05, momentum=0.9), groups=1)
-        else:
-            optimizer = tf.keras.optimizers.SGD(0.05, momentum=0.9)
-        optimizer.build(model.trainable_variables)
-        broadcast_state(ctx, model, optimizer)
-        trainer = Trainer(ctx, model, optimizer, dataset, plan)
-        batches = ((i, np.float32(c)) for e in range(10**6) for _, i, c in plan.epoch(e) if len(i) == a.batch_size)
-
-        def run(n):
-            for _ in range(n):
-                trainer.train_step(*next(batches))
-            trainer._sums.numpy()  # the last step has finished
-
+        optimizer = {"hvdtrain": lambda: None, "one group": common.one_group_sgd,
+                     "no collectives": lambda: tf.keras.optimizers.SGD(0.05, momentum=0.9)}[variant]()
+        trainer, run = common.hvdtrain_stepper(ctx, model, dataset, a.batch_size, optimizer)
+        if variant == "one group":
+            common.check_grouped(trainer)
         return run
 
     runs = {variant: training_steps(variant) for variant in VARIANTS}

@@ -90,7 +90,8 @@ class DistContext:
             :meth:`refreshed` (after the sync) clears it.
         horovod_threads: ids of the threads ``hvd.init`` started in this process (Horovod's
             background loop, MPI's or Gloo's helpers), for diagnostics such as
-            ``benchmarks/thread_time.py``.
+            ``benchmarks/thread_time.py``. Not updated after an elastic reset, when Horovod
+            restarts its threads.
     """
 
     rank: int
@@ -254,6 +255,19 @@ def _thread_ids() -> set:
     return {int(t) for t in os.listdir("/proc/self/task")} if os.path.isdir("/proc/self/task") else set()
 
 
+def _placed_elsewhere(thread_ids) -> set:
+    """The threads among ``thread_ids`` whose CPU affinity differs from the calling thread's: those
+    something else (Horovod, for ``HOROVOD_THREAD_AFFINITY``) has placed on cores of its own."""
+    own, placed = os.sched_getaffinity(0), set()
+    for tid in thread_ids:
+        try:
+            if os.sched_getaffinity(tid) != own:
+                placed.add(tid)
+        except ProcessLookupError:  # the thread has exited meanwhile
+            pass
+    return placed
+
+
 def _pin_threads(cores, skip=()) -> None:
     """Confine every thread of this process, not only the calling one, to ``cores``.
 
@@ -380,8 +394,10 @@ def init_distributed(threads: int = 0, use_gpu: bool = True, stall_timeout: floa
     # another rank's cores.
     cores = _cpu_share(local_rank, local_size)
     if cores and len(cores) < len(os.sched_getaffinity(0)):
-        # (A user's HOROVOD_THREAD_AFFINITY places Horovod's background thread: leave it there.)
-        _pin_threads(cores, skip=horovod_threads if os.environ.get("HOROVOD_THREAD_AFFINITY") else ())
+        # A user's HOROVOD_THREAD_AFFINITY makes Horovod place its background thread: leave it
+        # there. MPI's helpers, started before Horovod places it, keep the process's cores and
+        # are pinned with the rest.
+        _pin_threads(cores, skip=_placed_elsewhere(horovod_threads))
     intra = threads if threads > 0 else max(1, len(cores))
     tf.config.threading.set_intra_op_parallelism_threads(intra)
     tf.config.threading.set_inter_op_parallelism_threads(2)

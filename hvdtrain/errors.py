@@ -1,4 +1,5 @@
 """The one exception type hvdtrain raises for problems a user can fix, and a helper for its messages."""
+from typing import List
 
 
 class HvdtrainError(Exception):
@@ -10,12 +11,13 @@ class HvdtrainError(Exception):
     """
 
 
-def describe_differences(ours: dict, theirs: dict, there: str, prefix: str = "") -> list:
-    """Name each key whose value differs between ``ours`` and ``theirs``, for an error message.
+def describe_differences(ours: dict, theirs: dict, there: str, prefix: str = "") -> List[str]:
+    """Name each key of ``ours`` whose value ``theirs`` lacks or holds differently, for an error message.
 
     Args:
         ours: this process's values.
-        theirs: the values to compare with (a missing key counts as ``None``).
+        theirs: the values to compare with (a missing key counts as ``None``; keys only here are
+            not compared).
         there: where ``theirs`` come from, e.g. ``"on rank 0"`` or ``"there"``.
         prefix: prepended to every key (used for nested dicts).
 
