@@ -19,7 +19,6 @@ allreduce after the backward pass). Jobs at np = 1 and 2 alternate ``--repeats``
 is the median over jobs of the mean over ranks. Prints a table and writes a PNG plot (stacked CPU
 time per step against the step time).
 """
-import argparse
 import os
 import statistics
 import sys
@@ -144,22 +143,7 @@ def driver(a) -> None:
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--sync-bn", action="store_true", help="hvdtrain's SyncBatchNormalization instead of per-rank BN")
-    p.add_argument("--transport", default="mpi", choices=["gloo", "mpi"])
-    p.add_argument("--batch-size", type=int, default=128, help="local batch per rank")
-    p.add_argument("--repeats", type=int, default=3, help="jobs per np, alternating np = 1, 2")
-    p.add_argument("--rounds", type=int, default=5, help="alternating rounds per job")
-    p.add_argument("--steps", type=int, default=10, help="steps per variant per round")
-    p.add_argument("--warmup", type=int, default=5, help="untimed steps per variant first (tracing)")
-    p.add_argument("--plot", default=None, help="PNG path (default: benchmarks/figures/thread_time_<bn>.png)")
-    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--result", help=argparse.SUPPRESS)
-    a = p.parse_args()
-    if a.repeats < 1:
-        p.error(f"--repeats must be >= 1, got {a.repeats}")
-    a.plot = a.plot or os.path.join(common.REPO, "benchmarks", "figures",
-                                    f"thread_time_{'sync_bn' if a.sync_bn else 'local_bn'}.png")
+    a = common.step_variants_args(__doc__, "thread_time", rounds=5)
     worker(a) if a.worker else driver(a)
 
 
