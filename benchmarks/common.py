@@ -303,3 +303,28 @@ def step_variants_args(doc: str, name: str, rounds: int) -> argparse.Namespace:
             p.error(f"--{flag} must be >= 1, got {getattr(a, flag)}")
     a.plot = a.plot or os.path.join(REPO, "benchmarks", "figures", f"{name}_{'sync_bn' if a.sync_bn else 'local_bn'}.png")
     return a
+
+
+def step_variant_jobs(script: str, a: argparse.Namespace, describe) -> Dict[int, List[dict]]:
+    """Run ``script``'s worker (options from :func:`step_variants_args`) in jobs at np = 1 and 2,
+    alternating, ``a.repeats`` times each, one core per rank; print ``describe(result)`` after each.
+
+    Returns:
+        ``{np: [rank 0's result of each job, in order]}``.
+    """
+    args = ["--batch-size", str(a.batch_size), "--rounds", str(a.rounds), "--steps", str(a.steps),
+            "--warmup", str(a.warmup)] + (["--sync-bn"] if a.sync_bn else [])
+    jobs = {1: [], 2: []}
+    for repeat in range(a.repeats):
+        for np_ in jobs:
+            transport = "single" if np_ == 1 and a.transport == "gloo" else a.transport
+            result = run_job(np_, script, args, transport, cores=cores_for(np_))
+            jobs[np_].append(result)
+            print(f"np={np_} (repeat {repeat + 1}/{a.repeats}): {describe(result)}", flush=True)
+    return jobs
+
+
+def print_job_rss(jobs: Dict[int, List[dict]]) -> None:
+    """Print each rank's peak RSS in the last job per np of :func:`step_variant_jobs`."""
+    print("peak RSS per rank (MiB, every variant in one process; last job per np): " + "; ".join(
+        f"np={np_}: " + ", ".join(f"{r:.0f}" for r in runs[-1]["rss_mib"]) for np_, runs in jobs.items()))

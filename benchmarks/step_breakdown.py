@@ -85,16 +85,7 @@ def worker(a) -> None:
 
 
 def driver(a) -> None:
-    args = ["--batch-size", str(a.batch_size), "--rounds", str(a.rounds), "--steps", str(a.steps),
-            "--warmup", str(a.warmup)] + (["--sync-bn"] if a.sync_bn else [])
-    jobs = {1: [], 2: []}
-    for repeat in range(a.repeats):
-        for np_ in jobs:
-            transport = "single" if np_ == 1 and a.transport == "gloo" else a.transport
-            r = common.run_job(np_, __file__, args, transport, cores=common.cores_for(np_))
-            jobs[np_].append(r)
-            print(f"np={np_} (repeat {repeat + 1}/{a.repeats}): " + ", ".join(
-                f"{k} {v:.2f} ms" for k, v in r["ms"].items()), flush=True)
+    jobs = common.step_variant_jobs(__file__, a, lambda r: ", ".join(f"{k} {v:.2f} ms" for k, v in r["ms"].items()))
     variants = list(jobs[1][0]["ms"])
     ms = {np_: {v: statistics.median(r["ms"][v] for r in runs) for v in variants} for np_, runs in jobs.items()}
     mib = jobs[1][0]["gradient_mib"]
@@ -113,8 +104,7 @@ def driver(a) -> None:
         ["the same allreduce alone", f"{two['allreduce only']:.2f}", f"{two['allreduce only'] / two['hvdtrain']:.1%}"],
         ["scaling efficiency (np=1 / np=2 step time)", f"{one['hvdtrain'] / two['hvdtrain']:.3f}", ""],
     ])
-    print("peak RSS per rank (MiB, every variant in one process; last job per np): " + "; ".join(
-        f"np={np_}: " + ", ".join(f"{r:.0f}" for r in runs[-1]["rss_mib"]) for np_, runs in jobs.items()))
+    common.print_job_rss(jobs)
     plt = common.matplotlib_pyplot()
     fig, ax = plt.subplots(figsize=(7, 4))
     x = np.arange(len(variants))

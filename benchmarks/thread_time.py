@@ -95,18 +95,8 @@ def worker(a) -> None:
 
 
 def driver(a) -> None:
-    args = ["--batch-size", str(a.batch_size), "--rounds", str(a.rounds), "--steps", str(a.steps),
-            "--warmup", str(a.warmup)] + (["--sync-bn"] if a.sync_bn else [])
-    jobs, rss = {1: [], 2: []}, {}
-    for repeat in range(a.repeats):
-        for np_ in jobs:
-            transport = "single" if np_ == 1 and a.transport == "gloo" else a.transport
-            r = common.run_job(np_, __file__, args, transport, cores=common.cores_for(np_))
-            jobs[np_].append(r["ms"])
-            rss[np_] = r["rss_mib"]
-            print(f"np={np_} (repeat {repeat + 1}/{a.repeats}): " + ", ".join(
-                f"{v} {r['ms'][v]['step']:.2f} ms" for v in VARIANTS), flush=True)
-    ms = {np_: {v: {k: statistics.median(r[v][k] for r in runs) for k in runs[0][v]} for v in VARIANTS}
+    jobs = common.step_variant_jobs(__file__, a, lambda r: ", ".join(f"{v} {r['ms'][v]['step']:.2f} ms" for v in VARIANTS))
+    ms = {np_: {v: {k: statistics.median(r["ms"][v][k] for r in runs) for k in runs[0]["ms"][v]} for v in VARIANTS}
           for np_, runs in jobs.items()}
     rows = []
     for np_ in jobs:
@@ -125,8 +115,7 @@ def driver(a) -> None:
         *[[f"{g} CPU", f"{two[f'{g} run'] - one[f'{g} run']:+.2f}"] for g in GROUPS],
         ["scaling efficiency (np=1 step / np=2 step)", f"{one['step'] / two['step']:.3f}"],
     ])
-    print("peak RSS per rank (MiB, every variant in one process; last job per np): " + "; ".join(
-        f"np={np_}: " + ", ".join(f"{r:.0f}" for r in per_rank) for np_, per_rank in rss.items()))
+    common.print_job_rss(jobs)
     plt = common.matplotlib_pyplot()
     fig, ax = plt.subplots(figsize=(8, 4))
     labels = [f"np={np_}\n{v}" for np_ in jobs for v in VARIANTS]
