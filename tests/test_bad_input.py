@@ -76,6 +76,16 @@ def resume_from(tmp, trained_run, model="tests.models:mlp", truncate=False, step
     return [*SYNTHETIC, "--model", model, "--batch-size", "64", "--epochs", "2", "--resume", "--log-dir", str(run_dir)]
 
 
+def resume_stuck_re_save(tmp, trained_run):
+    """A re-save interrupted between its renames left ``ckpt-N.old-<pid>``, and a regular file now
+    sits at ``ckpt-N``: the checkpoint cannot be put back, and must not be lost."""
+    args = resume_from(tmp, trained_run)
+    ckpt = sorted((tmp / "resumed" / "checkpoints").iterdir())[-1]
+    ckpt.rename(f"{ckpt}.old-4242")
+    ckpt.write_text("not a checkpoint")
+    return args
+
+
 # (case id, make the arguments from (tmp_path, trained_run), the message printed once)
 CASES = [
     ("missing data directory", lambda t, r: ["--data-dir", str(t / "nowhere"), *MLP], "does not exist"),
@@ -118,6 +128,8 @@ CASES = [
     ("resume with another seed", lambda t, r: [*resume_from(t, r), "--seed", "1"], "seed: 1 here, 0 there"),
     ("ranks read different data", lambda t, r: per_rank_data(t), "rank 1 loaded other data than rank 0"),
     ("resume with a corrupt checkpoint", lambda t, r: resume_from(t, r, truncate=True), "corrupt or incompatible"),
+    ("resume when an interrupted re-save cannot be put back", resume_stuck_re_save,
+     "cannot restore interrupted checkpoint"),
     ("--elastic without an elastic launcher", lambda t, r: [*SYNTHETIC, *MLP, "--elastic"],
      "--elastic: this process was not started by an elastic launcher"),
     ("gradient accumulation across epochs", lambda t, r: [*SYNTHETIC, *MLP, "--backward-passes-per-step", "5"],

@@ -74,6 +74,23 @@ def test_crash_between_the_renames_of_a_re_save_keeps_the_checkpoint(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["ckpt-000001"]
 
 
+def test_a_re_save_that_cannot_be_put_back_is_an_error_and_keeps_the_copy(tmp_path):
+    """If ``ckpt-N`` cannot be replaced by its ``.old-<pid>`` copy (here a regular file is in the
+    way), the manager stops with the reason and leaves the copy and the blocker as they were."""
+    CheckpointManager(str(tmp_path), *model_and_optimizer()).save(1, {"epoch": 1})
+    os.rename(tmp_path / "ckpt-000001", tmp_path / "ckpt-000001.old-4242")
+    (tmp_path / "ckpt-000001").write_text("in the way")
+    with pytest.raises(HvdtrainError, match=r"cannot restore interrupted checkpoint .*ckpt-000001.old-4242 as "
+                                            r".*ckpt-000001: Not a directory"):
+        CheckpointManager(str(tmp_path), *model_and_optimizer())
+    assert (tmp_path / "ckpt-000001").read_text() == "in the way"
+    copy = tmp_path / "ckpt-000001.old-4242"
+    assert (copy / "meta.json").is_file()
+    (tmp_path / "ckpt-000001").unlink()  # once the blocker is gone, the next manager puts the copy back
+    manager = CheckpointManager(str(tmp_path), *model_and_optimizer())
+    assert manager.restore(manager.latest())["epoch"] == 1
+
+
 def test_checkpoint_of_another_model_is_refused(tmp_path):
     manager = CheckpointManager(str(tmp_path), *model_and_optimizer(width=4))
     manager.save(1, {"epoch": 1, "model": "small"})
