@@ -85,7 +85,11 @@ def peak_rss_mib() -> float:
 
 
 def env_for_ranks(extra: Optional[dict] = None) -> dict:
-    """Environment for launched ranks: this venv first on PATH, hvdtrain importable, CPU only."""
+    """Environment for launched ranks: this venv first on PATH, hvdtrain importable, CPU only.
+
+    OpenMPI's shared memory copies in and out (``btl_vader_single_copy_mechanism=none``), because
+    containers often forbid its default cross-memory attach, unless the caller's environment names
+    a mechanism (``OMPI_MCA_btl_vader_single_copy_mechanism=cma`` measures what ``mpirun`` uses)."""
     env = dict(os.environ)
     env.update({
         "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "benchmarks"), env.get("PYTHONPATH", "")]),
@@ -94,8 +98,8 @@ def env_for_ranks(extra: Optional[dict] = None) -> dict:
         "PYTHONUNBUFFERED": "1",
         "OMPI_ALLOW_RUN_AS_ROOT": "1",
         "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
-        "OMPI_MCA_btl_vader_single_copy_mechanism": "none",
     })
+    env.setdefault("OMPI_MCA_btl_vader_single_copy_mechanism", "none")
     env.update(extra or {})
     return env
 
