@@ -1,20 +1,26 @@
 """Where the gradient allreduce's time goes inside hvdtrain's step, phase by phase (Horovod timeline).
 
     .venv/bin/python benchmarks/allreduce_phases.py                        # seed CNN, per-rank BN, np=2, MPI
-    .venv/bin/python benchmarks/allreduce_phases.py --single-copy none cma --repeats 3
+    .venv/bin/python benchmarks/allreduce_phases.py --single-copy none cma --repeats 3   # both mechanisms
 
 Runs np=2 jobs over MPI (one core per rank) of the seed CNN's real training step, and records
 Horovod's timeline (``HOROVOD_TIMELINE=DYNAMIC``, ``hvd.start_timeline``) around ``--steps`` timed
-steps. Every gradient's allreduce passes through Horovod's phases: ``NEGOTIATE_ALLREDUCE`` (from
-rank 0 enqueueing it until every rank has), then one fused ``ALLREDUCE`` made of
-``MEMCPY_IN_FUSION_BUFFER``, ``MPI_ALLREDUCE`` and ``MEMCPY_OUT_FUSION_BUFFER``. Prints, per
-OpenMPI single-copy mechanism (``btl_vader_single_copy_mechanism``: ``none`` is copy-in/copy-out
-through shared memory, the benchmarks' default because containers often forbid ``cma``, cross-memory
-attach, which is OpenMPI's own default where it is allowed), the median duration of each phase and
-the time per step during which some gradient is in its ``ALLREDUCE`` (the union of those spans),
-next to the step time
-(timed with the timeline on). Jobs of the mechanisms alternate ``--repeats`` times; figures are
-medians over jobs. Prints a table and peak RSS per rank, and writes a PNG plot.
+steps. Every gradient's allreduce passes through Horovod's phases:
+
+* ``NEGOTIATE_ALLREDUCE``: from the background loop's cycle in which the first rank has enqueued
+  the gradient to the cycle in which every rank has. With the response cache it resolves whole
+  cycles (``HOROVOD_CYCLE_TIME``, 0.1 ms under hvdtrain).
+* one fused ``ALLREDUCE``, made of ``MEMCPY_IN_FUSION_BUFFER``, ``MPI_ALLREDUCE`` and
+  ``MEMCPY_OUT_FUSION_BUFFER``.
+
+For each OpenMPI single-copy mechanism (``btl_vader_single_copy_mechanism``: ``none`` copies in and
+out through shared memory, the benchmarks' default because containers often forbid ``cma``,
+cross-memory attach, which is OpenMPI's own default where it is allowed), prints the median of each
+phase over gradient tensors, the time per step during which some gradient is in its ``ALLREDUCE``
+(the union of those spans), and the step time (timed with the timeline on, mean over ranks). A
+phase that never occurs shows as nan (without fusion there are no fusion-buffer copies). Jobs of
+the mechanisms alternate ``--repeats`` times; figures are medians over jobs. Prints a table and
+peak RSS per rank, and writes a PNG plot.
 """
 import argparse
 import collections
@@ -61,6 +67,7 @@ def worker(a) -> None:
     run(a.steps)
     step_ms = (time.perf_counter() - start) / a.steps * 1e3
     hvd.stop_timeline()
+    step_ms = ctx.allreduce_sum([step_ms], "bench.step_ms")[0] / ctx.size
     rss = common.gather_rss(ctx)
     if ctx.is_chief:
         common.write_result(a.result, {"step_ms": step_ms, "rss_mib": rss})
@@ -70,7 +77,8 @@ def worker(a) -> None:
 def summarize(timeline: str, steps: int) -> dict:
     """Median µs of each phase, and the fused allreduce time per step, from one job's timeline."""
     spans = phase_spans(timeline)
-    out = {phase: statistics.median(end - start for _, start, end in spans[phase]) for phase in PHASES}
+    out = {phase: statistics.median(end - start for _, start, end in spans[phase]) if spans[phase] else float("nan")
+           for phase in PHASES}
     # Tensors fused together each have an ALLREDUCE span, overlapping: time the union of the spans.
     busy, reach = 0, None
     for start, end in sorted((start, end) for _, start, end in spans["ALLREDUCE"]):
@@ -98,12 +106,12 @@ def driver(a) -> None:
                 r.update(summarize(timeline, a.steps))
             results[mechanism].append(r)
             print(f"{mechanism} (repeat {repeat + 1}/{a.repeats}): step {r['step_ms']:.2f} ms, "
-                  f"MPI_ALLREDUCE {r['MPI_ALLREDUCE']:.0f} us, fused allreduce per step "
+                  f"MPI_ALLREDUCE {r['MPI_ALLREDUCE']:.0f} us, allreduce busy per step "
                   f"{r['ALLREDUCE per step']:.0f} us", flush=True)
     columns = ["step_ms", *PHASES, "ALLREDUCE per step"]
     rows = [[m] + [f"{statistics.median(r[c] for r in runs):.{2 if c == 'step_ms' else 0}f}" for c in columns]
             for m, runs in results.items()]
-    common.print_table(["single copy", "step ms", *(f"{p} us" for p in PHASES), "fused allreduce per step us"], rows,
+    common.print_table(["single copy", "step ms", *(f"{p} us" for p in PHASES), "allreduce busy per step us"], rows,
                        title=f"seed CNN, per-rank BN, np=2, MPI, local batch {a.batch_size}, one core per rank; "
                              f"medians over tensors, then over {a.repeats} job(s)")
     print("peak RSS per rank (MiB, last job): " + "; ".join(
@@ -117,15 +125,16 @@ def driver(a) -> None:
         ax.bar(list(results), heights, bottom=bottom, label=phase)
         bottom = [b + h for b, h in zip(bottom, heights)]
     ax.set(title="gradient allreduce phases in the step (np=2, MPI)", xlabel="btl_vader_single_copy_mechanism",
-           ylabel="median us per fused allreduce")
+           ylabel="median us per gradient tensor")
     ax.legend(fontsize=8)
     common.save_plot(fig, a.plot)
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--single-copy", nargs="+", default=["none", "cma"], choices=["none", "cma"],
-                   help="OpenMPI btl_vader_single_copy_mechanism values to compare")
+    p.add_argument("--single-copy", nargs="+", default=["none"], choices=["none", "cma"],
+                   help="OpenMPI btl_vader_single_copy_mechanism values to compare (cma fails where "
+                        "cross-memory attach is forbidden)")
     p.add_argument("--batch-size", type=int, default=128, help="local batch per rank")
     p.add_argument("--steps", type=int, default=60, help="timed steps per job")
     p.add_argument("--warmup", type=int, default=30, help="untimed steps first (tracing, warm-up)")
@@ -136,6 +145,7 @@ def main():
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--result", help=argparse.SUPPRESS)
     a = p.parse_args()
+    a.single_copy = list(dict.fromkeys(a.single_copy))
     for flag in ("steps", "warmup", "repeats"):
         if getattr(a, flag) < 1:
             p.error(f"--{flag} must be >= 1, got {getattr(a, flag)}")
