@@ -26,6 +26,7 @@ import argparse
 import collections
 import json
 import statistics
+import tempfile
 import time
 
 import common
@@ -75,7 +76,8 @@ def worker(a) -> None:
 
 
 def summarize(timeline: str, steps: int) -> dict:
-    """Median µs of each phase, and the fused allreduce time per step, from one job's timeline."""
+    """Median µs of each phase, and the µs per step during which some gradient is in its
+    ``ALLREDUCE``, from one job's timeline."""
     spans = phase_spans(timeline)
     out = {phase: statistics.median(end - start for _, start, end in spans[phase]) if spans[phase] else float("nan")
            for phase in PHASES}
@@ -91,8 +93,6 @@ def summarize(timeline: str, steps: int) -> dict:
 
 
 def driver(a) -> None:
-    import tempfile
-
     results = {m: [] for m in a.single_copy}
     for repeat in range(a.repeats):
         for mechanism in a.single_copy:
@@ -136,9 +136,9 @@ def main():
                    help="OpenMPI btl_vader_single_copy_mechanism values to compare (cma fails where "
                         "cross-memory attach is forbidden)")
     p.add_argument("--batch-size", type=int, default=128, help="local batch per rank")
-    p.add_argument("--steps", type=int, default=60, help="timed steps per job")
-    p.add_argument("--warmup", type=int, default=30, help="untimed steps first (tracing, warm-up)")
-    p.add_argument("--repeats", type=int, default=2, help="jobs per mechanism, alternating")
+    p.add_argument("--steps", type=common.positive_int, default=60, help="timed steps per job")
+    p.add_argument("--warmup", type=common.positive_int, default=30, help="untimed steps first (tracing, warm-up)")
+    p.add_argument("--repeats", type=common.positive_int, default=2, help="jobs per mechanism, alternating")
     p.add_argument("--plot", default=str(common.REPO / "benchmarks" / "figures" / "allreduce_phases.png"),
                    help="PNG path")
     p.add_argument("--timeline", help=argparse.SUPPRESS)
@@ -146,9 +146,6 @@ def main():
     p.add_argument("--result", help=argparse.SUPPRESS)
     a = p.parse_args()
     a.single_copy = list(dict.fromkeys(a.single_copy))
-    for flag in ("steps", "warmup", "repeats"):
-        if getattr(a, flag) < 1:
-            p.error(f"--{flag} must be >= 1, got {getattr(a, flag)}")
     worker(a) if a.worker else driver(a)
 
 

@@ -286,6 +286,19 @@ def check_grouped(trainer) -> None:
         raise RuntimeError("the one-group optimizer made no grouped allreduce")
 
 
+def positive_int(text: str) -> int:
+    """``argparse`` type for counts that must be at least 1 (repeats, rounds, steps).
+
+    Raises:
+        argparse.ArgumentTypeError: if ``text`` is below 1 (``int`` raises ``ValueError``, which
+            argparse reports, for text that is no integer).
+    """
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {text}")
+    return value
+
+
 def step_variants_args(doc: str, name: str, rounds: int) -> argparse.Namespace:
     """Command line of a script that times variants of the seed CNN's step in jobs at np = 1 and 2
     (``step_breakdown.py``, ``thread_time.py``); ``name`` names its default plot,
@@ -294,17 +307,14 @@ def step_variants_args(doc: str, name: str, rounds: int) -> argparse.Namespace:
     p.add_argument("--sync-bn", action="store_true", help="hvdtrain's SyncBatchNormalization instead of per-rank BN")
     p.add_argument("--transport", default="mpi", choices=["gloo", "mpi"])
     p.add_argument("--batch-size", type=int, default=128, help="local batch per rank")
-    p.add_argument("--repeats", type=int, default=3, help="jobs per np, alternating np = 1, 2")
-    p.add_argument("--rounds", type=int, default=rounds, help="alternating rounds per job")
-    p.add_argument("--steps", type=int, default=10, help="steps per variant per round")
+    p.add_argument("--repeats", type=positive_int, default=3, help="jobs per np, alternating np = 1, 2")
+    p.add_argument("--rounds", type=positive_int, default=rounds, help="alternating rounds per job")
+    p.add_argument("--steps", type=positive_int, default=10, help="steps per variant per round")
     p.add_argument("--warmup", type=int, default=5, help="untimed steps per variant first (tracing)")
     p.add_argument("--plot", default=None, help=f"PNG path (default: benchmarks/figures/{name}_<bn>.png)")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--result", help=argparse.SUPPRESS)
     a = p.parse_args()
-    for flag in ("repeats", "rounds", "steps"):
-        if getattr(a, flag) < 1:
-            p.error(f"--{flag} must be >= 1, got {getattr(a, flag)}")
     a.plot = a.plot or os.path.join(REPO, "benchmarks", "figures", f"{name}_{'sync_bn' if a.sync_bn else 'local_bn'}.png")
     return a
 

@@ -53,13 +53,6 @@ def _median_by(items, key):
     return sorted(items, key=key)[(len(items) - 1) // 2]
 
 
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {text}")
-    return value
-
-
 def driver(a) -> None:
     max_np = a.max_np or (1 if a.gpu else len(os.sched_getaffinity(0)))
     nps = list(range(1, max_np + 1))
@@ -124,7 +117,7 @@ def main():
     p.add_argument("--warmup-batches", type=int, default=10)
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--batches-per-iter", type=int, default=10)
-    p.add_argument("--repeats", type=_positive_int, default=3, help="alternating runs of every np (median taken)")
+    p.add_argument("--repeats", type=common.positive_int, default=3, help="alternating runs of every np (median taken)")
     p.add_argument("--threads", type=int, default=1, help="intra-op threads per rank (CPU)")
     p.add_argument("--gpu", action="store_true", help="one GPU per rank instead of one core per rank")
     p.add_argument("--mixed-precision", action="store_true", help="mixed_bfloat16 Keras policy")
