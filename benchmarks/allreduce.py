@@ -168,8 +168,8 @@ def driver(a) -> None:
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--np", type=int, default=2)
-    p.add_argument("--max-size-mib", type=int, default=256)
+    p.add_argument("--np", type=common.at_least(2), default=2)
+    p.add_argument("--max-size-mib", type=common.positive_int, default=256)
     p.add_argument("--plot", default=os.path.join(common.REPO, "benchmarks", "figures", "allreduce.png"))
     p.add_argument("--backend", choices=["horovod", "mpi4py"], help=argparse.SUPPRESS)
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)

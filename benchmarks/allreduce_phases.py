@@ -135,7 +135,7 @@ def main():
     p.add_argument("--single-copy", nargs="+", default=["none"], choices=["none", "cma"],
                    help="OpenMPI btl_vader_single_copy_mechanism values to compare (cma fails where "
                         "cross-memory attach is forbidden)")
-    p.add_argument("--batch-size", type=int, default=128, help="local batch per rank")
+    p.add_argument("--batch-size", type=common.positive_int, default=128, help="local batch per rank")
     p.add_argument("--steps", type=common.positive_int, default=60, help="timed steps per job")
     p.add_argument("--warmup", type=common.positive_int, default=30, help="untimed steps first (tracing, warm-up)")
     p.add_argument("--repeats", type=common.positive_int, default=2, help="jobs per mechanism, alternating")

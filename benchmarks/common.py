@@ -165,11 +165,13 @@ def write_result(path: Optional[str], result: dict) -> None:
 
 
 def print_table(headers: List[str], rows: List[List], title: str = "") -> str:
-    """Print (and return) a Markdown table, so it can be pasted into ``benchmarks/README.md``."""
+    """Print (and return) a Markdown table, after a blank line or ``title``, so it can be pasted
+    into ``benchmarks/README.md``."""
     def cell(v):
         return f"{v:.3f}" if isinstance(v, float) and abs(v) < 10 else (f"{v:,.1f}" if isinstance(v, float) else str(v))
 
-    lines = ([f"\n{title}\n"] if title else []) + [
+    # A blank line first, so that tables printed one after another stay apart.
+    lines = ([f"\n{title}\n"] if title else [""]) + [
         "| " + " | ".join(headers) + " |", "| " + " | ".join("---" for _ in headers) + " |",
         *("| " + " | ".join(cell(v) for v in row) + " |" for row in rows)]
     text = "\n".join(lines)
@@ -192,6 +194,23 @@ def matplotlib_pyplot():
     import matplotlib.pyplot as plt
 
     return plt
+
+
+def grouped_bars(path: str, groups: List[str], series: Dict[str, List[float]], ylabel: str, title: str,
+                 target: Optional[float] = None) -> None:
+    """Write a PNG of side-by-side bars: one group per entry of ``groups``, one bar per series in it,
+    and a dashed line at ``target`` if given."""
+    plt = matplotlib_pyplot()
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    width = 0.8 / len(series)
+    for i, (name, values) in enumerate(series.items()):
+        ax.bar([g + (i - (len(series) - 1) / 2) * width for g in range(len(groups))], values, width, label=name)
+    if target is not None:
+        ax.axhline(target, color="black", linestyle="--", linewidth=1, label=f"target {target:g}")
+    top = max([v for values in series.values() for v in values] + [target or 0])
+    ax.set(xticks=list(range(len(groups))), xticklabels=groups, ylabel=ylabel, title=title, ylim=(0, 1.3 * top))
+    ax.legend(loc="upper center", ncol=len(series) + (target is not None), fontsize="small")
+    save_plot(fig, path)
 
 
 def summary(samples: Dict[str, List[float]]) -> Dict[str, tuple]:
@@ -286,17 +305,25 @@ def check_grouped(trainer) -> None:
         raise RuntimeError("the one-group optimizer made no grouped allreduce")
 
 
-def positive_int(text: str) -> int:
-    """``argparse`` type for counts that must be at least 1 (repeats, rounds, steps).
+def at_least(minimum: int):
+    """``argparse`` type for integers that must be at least ``minimum``.
 
-    Raises:
-        argparse.ArgumentTypeError: if ``text`` is below 1 (``int`` raises ``ValueError``, which
-            argparse reports, for text that is no integer).
+    The returned function raises ``argparse.ArgumentTypeError`` for text below ``minimum``, which
+    argparse reports as "argument --NAME: must be >= MINIMUM, got TEXT" (``int`` raises
+    ``ValueError``, which argparse also reports, for text that is no integer).
     """
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {text}")
-    return value
+    def parse(text: str) -> int:
+        value = int(text)
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {text}")
+        return value
+
+    parse.__name__ = f"integer >= {minimum}"  # argparse's "invalid <name> value" for non-integers
+    return parse
+
+
+# For counts (repeats, rounds, steps, warm-up steps: the first steps trace and must go untimed).
+positive_int = at_least(1)
 
 
 def step_variants_args(doc: str, name: str, rounds: int) -> argparse.Namespace:
@@ -306,11 +333,11 @@ def step_variants_args(doc: str, name: str, rounds: int) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     p.add_argument("--sync-bn", action="store_true", help="hvdtrain's SyncBatchNormalization instead of per-rank BN")
     p.add_argument("--transport", default="mpi", choices=["gloo", "mpi"])
-    p.add_argument("--batch-size", type=int, default=128, help="local batch per rank")
+    p.add_argument("--batch-size", type=positive_int, default=128, help="local batch per rank")
     p.add_argument("--repeats", type=positive_int, default=3, help="jobs per np, alternating np = 1, 2")
     p.add_argument("--rounds", type=positive_int, default=rounds, help="alternating rounds per job")
     p.add_argument("--steps", type=positive_int, default=10, help="steps per variant per round")
-    p.add_argument("--warmup", type=int, default=5, help="untimed steps per variant first (tracing)")
+    p.add_argument("--warmup", type=positive_int, default=5, help="untimed steps per variant first (tracing)")
     p.add_argument("--plot", default=None, help=f"PNG path (default: benchmarks/figures/{name}_<bn>.png)")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--result", help=argparse.SUPPRESS)

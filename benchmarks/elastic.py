@@ -108,11 +108,14 @@ def run_elastic(train_args: list, run_dir: Path, work: Path, kill_after: int) ->
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--epochs", type=int, default=12)
-    p.add_argument("--kill-after", type=int, default=3, help="kill rank 0 shortly after this epoch ends")
+    p.add_argument("--epochs", type=common.positive_int, default=12)
+    p.add_argument("--kill-after", type=common.positive_int, default=3,
+                   help="kill rank 0 shortly after this epoch ends")
     p.add_argument("--data-dir", default=common.FASHION_MNIST)
     p.add_argument("--plot", default=str(common.REPO / "benchmarks" / "figures" / "elastic.png"))
     a = p.parse_args()
+    if a.epochs < a.kill_after + 2:  # one epoch alone after the kill, then one with the worker back
+        p.error(f"--epochs must be at least --kill-after + 2, got --epochs {a.epochs} --kill-after {a.kill_after}")
     train_args = ["-m", "hvdtrain", "--data-dir", a.data_dir, "--epochs", str(a.epochs), "--threads", "1",
                   "--no-progress"]
     with tempfile.TemporaryDirectory() as tmp:

@@ -87,24 +87,31 @@ def worker(a) -> None:
             title=f"seed CNN, Fashion-MNIST, np={ctx.size}, local batch {a.batch_size}, {ctx.intra_op_threads} "
                   f"thread(s) per rank; median of {a.rounds} alternating rounds of {a.steps} steps")
         print("peak RSS per rank (MiB, both loops in one process): " + ", ".join(f"{r:.0f}" for r in rss))
+        common.grouped_bars(a.plot, [row[0] for row in rows],
+                            {"hvdtrain": [row[1] for row in rows], "plain Horovod + Keras": [row[2] for row in rows]},
+                            ylabel="ms per step (median)",
+                            title=f"seed CNN, np={ctx.size}, local batch {a.batch_size}")
         common.write_result(a.result, {"rows": rows, "rss_mib": rss})
     ctx.close()
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--launch", type=int, default=0, metavar="NP", help="start NP ranks with horovodrun --gloo")
-    p.add_argument("--batch-size", type=int, default=128, help="local batch per rank")
-    p.add_argument("--rounds", type=int, default=9)
-    p.add_argument("--steps", type=int, default=20, help="steps per loop per round")
-    p.add_argument("--warmup", type=int, default=10)
+    p.add_argument("--launch", type=common.positive_int, default=None, metavar="NP",
+                   help="start NP ranks with horovodrun --gloo")
+    p.add_argument("--batch-size", type=common.positive_int, default=128, help="local batch per rank")
+    p.add_argument("--rounds", type=common.positive_int, default=9)
+    p.add_argument("--steps", type=common.positive_int, default=20, help="steps per loop per round")
+    # At least 2: the plain loop's step is traced twice, for first_batch True and then False.
+    p.add_argument("--warmup", type=common.at_least(2), default=10, help="untimed steps per loop first (tracing)")
     p.add_argument("--threads", type=int, default=0, help="intra-op threads per rank (0: one per core of its share)")
+    p.add_argument("--plot", default=str(common.REPO / "benchmarks" / "figures" / "vs_horovod.png"))
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--result", help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.launch:
         args = [f"--{k.replace('_', '-')}={v}" for k, v in vars(a).items()
-                if k in ("batch_size", "rounds", "steps", "warmup", "threads")]
+                if k in ("batch_size", "rounds", "steps", "warmup", "threads", "plot")]
         common.run_job(a.launch, __file__, args, "gloo", stream=True)
     else:
         worker(a)

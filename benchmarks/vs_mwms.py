@@ -150,27 +150,21 @@ def driver(a) -> None:
                         "peak RSS/worker MWMS MiB"], rows,
                        title=f"hvdtrain over {a.transport}; np={a.np} workers, 1 core each, local batch {a.batch_size}, Fashion-MNIST; median of "
                              f"{a.rounds} alternating rounds")
-    plt = common.matplotlib_pyplot()
-    fig, ax = plt.subplots(figsize=(6, 4))
-    labels = [row[0] for row in rows]
-    xs = range(len(rows))
-    ax.bar([x - 0.2 for x in xs], [float(row[1]) for row in rows], 0.4, label="hvdtrain")
-    ax.bar([x + 0.2 for x in xs], [float(row[2]) for row in rows], 0.4, label="MultiWorkerMirroredStrategy")
-    ax.set(xticks=list(xs), xticklabels=labels, ylabel="images/s (total)",
-           title=f"seed CNN, np={a.np}, local batch {a.batch_size}")
-    ax.legend()
-    common.save_plot(fig, a.plot)
+    common.grouped_bars(a.plot, [row[0] for row in rows],
+                        {"hvdtrain": [float(row[1]) for row in rows],
+                         "MultiWorkerMirroredStrategy": [float(row[2]) for row in rows]},
+                        ylabel="images/s (total)", title=f"seed CNN, np={a.np}, local batch {a.batch_size}")
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--np", type=int, default=2, help="workers (ranks), one core each")
-    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--np", type=common.positive_int, default=2, help="workers (ranks), one core each")
+    p.add_argument("--rounds", type=common.positive_int, default=3)
     p.add_argument("--transport", default="mpi", choices=["mpi", "gloo"], help="hvdtrain's launcher/transport")
-    p.add_argument("--batch-size", type=int, default=128, help="local batch per worker")
-    p.add_argument("--warmup-batches", type=int, default=10)
-    p.add_argument("--iters", type=int, default=10)
-    p.add_argument("--batches-per-iter", type=int, default=10)
+    p.add_argument("--batch-size", type=common.positive_int, default=128, help="local batch per worker")
+    p.add_argument("--warmup-batches", type=common.positive_int, default=10)
+    p.add_argument("--iters", type=common.positive_int, default=10)
+    p.add_argument("--batches-per-iter", type=common.positive_int, default=10)
     p.add_argument("--threads", type=int, default=1, help=argparse.SUPPRESS)
     p.add_argument("--sync-bn", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--plot", default=os.path.join(common.REPO, "benchmarks", "figures", "vs_mwms.png"))

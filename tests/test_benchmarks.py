@@ -1,0 +1,175 @@
+"""The benchmark scripts, run end to end at tiny sizes with real ranks.
+
+They time nothing: speed is for the scripts themselves to show (``benchmarks/README.md``). They
+check that every script runs, prints its Markdown tables with the figures derived from each other
+as the README defines them (ratios, scaling efficiency, bus bandwidth), writes its PNG plot, and
+refuses counts below its minimum with one argparse error.
+"""
+from __future__ import annotations
+
+import math
+import re
+from typing import Dict, List
+
+import pytest
+
+from tests.ranks import REPO, run_ranks
+
+BENCH = REPO / "benchmarks"
+TINY = ["--batch-size", "8"]
+
+
+def script(name: str, *args: str, tmp_path, np_: int = 1, launcher: str = "single", timeout: float = 400) -> str:
+    """Run ``benchmarks/<name>`` (as one process, or as ``np_`` ranks), check it exits 0, return stdout."""
+    return run_ranks(np_, [str(BENCH / name), *args], launcher=launcher, timeout=timeout, cwd=tmp_path).stdout
+
+
+def tables(stdout: str) -> List[List[Dict[str, str]]]:
+    """The Markdown tables in ``stdout``, each a list of rows keyed by the header's cells."""
+    found, lines = [], []
+    for line in [*stdout.splitlines(), ""]:
+        line = line.split("]<stdout>:", 1)[-1]  # horovodrun's per-rank prefix
+        if line.startswith("|"):
+            lines.append([cell.strip() for cell in line.strip().strip("|").split("|")])
+        elif lines:
+            header, _, *rows = lines
+            found.append([dict(zip(header, row)) for row in rows])
+            lines = []
+    return found
+
+
+def number(cell: str) -> float:
+    """The first number in a table cell ("3,120.5 +-277.5" -> 3120.5)."""
+    return float(re.match(r"\s*(-?[\d,]*\.?\d+(?:e-?\d+)?|nan)", cell).group(1).replace(",", ""))
+
+
+def assert_png(path) -> None:
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000, f"no plot at {path}"
+
+
+def close(derived: float, printed: float, rel: float = 5e-3, abs_: float = 2e-3) -> bool:
+    """Whether a printed figure equals one derived from other printed (rounded) figures."""
+    return math.isclose(derived, printed, rel_tol=rel, abs_tol=abs_)
+
+
+def test_scaling_efficiency_is_total_over_np_times_one_rank(tmp_path):
+    out = script("scaling.py", "--models", "cnn", "--warmup-batches", "1", "--iters", "2",
+                 "--batches-per-iter", "1", "--repeats", "1", *TINY, "--plot", str(tmp_path / "p.png"),
+                 tmp_path=tmp_path)
+    (table,) = tables(out)
+    rows = {int(r["np"]): r for r in table}
+    assert sorted(rows) == [1, 2]
+    one, two = number(rows[1]["img/s total"]), number(rows[2]["img/s total"])
+    assert close(2 * number(rows[2]["img/s per rank"]), two)
+    assert number(rows[1]["scaling efficiency (range)"]) == 1.0
+    assert close(two / (2 * one), number(rows[2]["scaling efficiency (range)"]))
+    assert_png(tmp_path / "p.png")
+
+
+def test_vs_horovod_ratio_of_step_times(tmp_path):
+    out = script("vs_horovod.py", "--launch", "2", "--rounds", "1", "--steps", "1", "--warmup", "2", *TINY,
+                 "--plot", str(tmp_path / "p.png"), tmp_path=tmp_path)
+    (table,) = tables(out)
+    assert [r["model"] for r in table] == ["per-rank BN", "synchronized BN"]
+    for r in table:
+        ratio = number(r["hvdtrain ms/step"]) / number(r["plain Horovod ms/step"])
+        assert close(ratio, number(r["hvdtrain / plain"]), rel=0.02)  # step times printed to 0.1 ms
+    assert_png(tmp_path / "p.png")
+
+
+def test_vs_mwms_ratio_of_throughputs(tmp_path):
+    out = script("vs_mwms.py", "--rounds", "1", "--warmup-batches", "1", "--iters", "1", "--batches-per-iter", "2",
+                 *TINY, "--plot", str(tmp_path / "p.png"), tmp_path=tmp_path)
+    (table,) = tables(out)
+    assert [r["seed CNN"] for r in table] == ["per-rank BN", "synchronized BN"]
+    for r in table:
+        assert close(number(r["hvdtrain img/s"]) / number(r["MWMS img/s"]), number(r["hvdtrain / MWMS"]))
+        assert number(r["peak RSS/rank hvdtrain MiB"]) > 0 and number(r["peak RSS/worker MWMS MiB"]) > 0
+    assert_png(tmp_path / "p.png")
+
+
+def test_allreduce_bandwidths_and_fusion(tmp_path):
+    out = script("allreduce.py", "--max-size-mib", "1", "--plot", str(tmp_path / "p.png"), tmp_path=tmp_path)
+    bandwidth, fusion, memory = tables(out)
+    assert [r["size"] for r in bandwidth] == ["4 KiB", "16 KiB", "64 KiB", "256 KiB", "1 MiB"]
+    for r in bandwidth:
+        size = number(r["size"]) * {"KiB": 2 ** 10, "MiB": 2 ** 20}[r["size"].split()[1]]
+        for column, cell in r.items():
+            if "time / algbw / busbw" not in column:
+                continue
+            seconds, algbw, busbw = number(cell) * 1e-3, number(cell.split("/")[1]), number(cell.split("/")[2])
+            assert busbw == algbw  # busbw = algbw * 2(n-1)/n, and n = 2
+            if "fp16 (effective)" not in column:  # algbw = float32 bytes / time, in GB/s
+                assert close(size / seconds / 1e9, algbw, rel=0.01, abs_=0.006), (column, cell)
+        assert number(r["memcpy GB/s"]) > 0
+    for r in fusion:
+        speed_up = number(r["fusion off ms"]) / number(r["fusion 64 MiB ms"])
+        assert close(speed_up, number(r["speed-up"]), rel=0.01)
+    assert {r["job"] for r in memory} >= {"Horovod, Gloo", "Horovod, MPI", "mpi4py MPI_Allreduce"}
+    assert_png(tmp_path / "p.png")
+
+
+def test_bn_overhead_at_two_ranks(tmp_path):
+    out = script("bn_overhead.py", "--models", "cnn", "--rounds", "1", "--steps", "1", "--warmup", "1", *TINY,
+                 "--plot", str(tmp_path / "p.png"), np_=2, launcher="mpirun", tmp_path=tmp_path)
+    (table,) = tables(out)
+    (row,) = table
+    assert row["model"] == "seed CNN"
+    local, ours, horovods = (number(row[c]) for c in ("local BN ms", "hvdtrain ms", "Horovod's ms"))
+    assert close(ours / local, number(row["hvdtrain / local"]))
+    assert close(ours / horovods, number(row["hvdtrain / Horovod's"]))
+    assert "np=2" in out
+    assert_png(tmp_path / "p.png")
+
+
+@pytest.mark.parametrize("name", ["step_breakdown.py", "thread_time.py"])
+def test_np2_against_np1_breakdowns(name, tmp_path):
+    out = script(name, "--repeats", "1", "--rounds", "1", "--steps", "1", "--warmup", "1", *TINY,
+                 "--plot", str(tmp_path / "p.png"), tmp_path=tmp_path)
+    found = tables(out)
+    if name == "step_breakdown.py":
+        steps = {r["variant"]: (number(r["np=1 ms/step"]), number(r["np=2 ms/step"])) for r in found[0]}
+        costs = found[1]
+    else:
+        steps = {}
+        for r in found[0]:
+            steps.setdefault(r["variant"], []).append(number(r["step ms"]))
+        costs = found[1]
+    one, two = steps["hvdtrain"]
+    (efficiency,) = [r for r in costs if r[next(iter(r))].startswith("scaling efficiency")]
+    assert close(one / two, number(list(efficiency.values())[1]), rel=0.01)
+    assert_png(tmp_path / "p.png")
+
+
+def test_allreduce_phases(tmp_path):
+    out = script("allreduce_phases.py", "--steps", "3", "--warmup", "2", "--repeats", "1", *TINY,
+                 "--plot", str(tmp_path / "p.png"), tmp_path=tmp_path)
+    (table,) = tables(out)
+    (row,) = table
+    assert row["single copy"] == "none"
+    assert number(row["step ms"]) > 0
+    assert number(row["MPI_ALLREDUCE us"]) > 0  # the gradient allreduce went through MPI in the step
+    assert_png(tmp_path / "p.png")
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["scaling.py", "--repeats", "0"], "argument --repeats: must be >= 1, got 0"),
+    (["scaling.py", "--iters", "-1"], "argument --iters: must be >= 1, got -1"),
+    (["vs_horovod.py", "--warmup", "1"], "argument --warmup: must be >= 2, got 1"),
+    (["vs_mwms.py", "--rounds", "0"], "argument --rounds: must be >= 1, got 0"),
+    (["allreduce.py", "--np", "1"], "argument --np: must be >= 2, got 1"),
+    (["bn_overhead.py", "--steps", "0"], "argument --steps: must be >= 1, got 0"),
+    (["bn_overhead.py", "--models", "vgg"], "argument --models: invalid choice: 'vgg'"),
+    (["step_breakdown.py", "--warmup", "0"], "argument --warmup: must be >= 1, got 0"),
+    (["thread_time.py", "--batch-size", "x"], "argument --batch-size: invalid integer >= 1 value: 'x'"),
+    (["allreduce_phases.py", "--repeats", "0"], "argument --repeats: must be >= 1, got 0"),
+    (["elastic.py", "--epochs", "3", "--kill-after", "2"], "--epochs must be at least --kill-after + 2"),
+])
+def test_bad_counts_are_refused(argv, message, tmp_path):
+    result = run_ranks(1, [str(BENCH / argv[0]), *argv[1:]], launcher="single", timeout=120, cwd=tmp_path,
+                       check=False)
+    assert result.returncode == 2, result.stderr
+    assert message in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not list(tmp_path.iterdir())  # nothing started, nothing written
