@@ -180,10 +180,18 @@ class CheckpointManager:
         Raises:
             HvdtrainError: if there is none, or as :meth:`restore`.
         """
-        latest = self.latest()
-        if latest is None:
+        done = self.completed()
+        if not done:
             raise HvdtrainError(f"--resume: no checkpoint in {self.directory}")
-        return latest, self.restore(latest)
+        latest = done[-1][1]
+        try:
+            return latest, self.restore(latest)
+        except HvdtrainError as e:
+            if len(done) < 2:
+                raise
+            older = os.path.basename(done[-2][1])
+            raise HvdtrainError(f"{e}; {older} before it is still there: move {os.path.basename(latest)} out of "
+                                f"{self.directory} to resume from {older}") from None
 
     def restore(self, path: str) -> dict:
         """Load checkpoint ``path`` into the model and optimizer; return its metadata.

@@ -18,6 +18,7 @@ from hvdtrain.dist import PeerFailure, PeerLost, is_peer_loss, launcher_rank
 from hvdtrain.errors import HvdtrainError
 
 EXIT_ERROR = 2
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a process ended by Ctrl-C
 QUIET_EXIT_DELAY_S = 2.0
 
 
@@ -32,6 +33,14 @@ class _RankAwareParser(argparse.ArgumentParser):
         sys.exit(_quiet_exit())
 
 
+class _DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Appends "(default: X)" to each flag's help, except where the default is None: those flags
+    say in their help what happens without them."""
+
+    def _get_help_string(self, action):
+        return action.help if action.default is None else super()._get_help_string(action)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser; ``--help`` documents every flag with its default and unit."""
     d = Config()
@@ -39,7 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="hvdtrain",
         description="Data-parallel training on Horovod + TensorFlow 2. Start one process per rank with "
                     "horovodrun or mpirun, e.g. 'horovodrun -np 2 --gloo python -m hvdtrain'.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=_DefaultsHelpFormatter,
     )
     g = p.add_argument_group("training")
     g.add_argument("--epochs", type=int, default=d.epochs, help="passes over the training set (0 = evaluate only)")
@@ -64,7 +73,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--eval-batch-size", type=int, default=d.data.eval_batch_size, help="examples per evaluation batch per rank")
     g.add_argument("--model", default=d.model.name,
                    help="cnn, resnet20, or package.module:function returning an uncompiled tf.keras.Model "
-                        "(called with input_shape=(H, W, C), num_classes=K)")
+                        "(called with input_shape=(H, W, C), num_classes=K) whose output is (batch, K) "
+                        "logits, no softmax")
     g.add_argument("--no-sync-bn", action="store_true",
                    help="built-in models: per-rank BatchNorm instead of synchronized BatchNorm")
 
@@ -122,7 +132,8 @@ def config_from_args(argv: Optional[List[str]] = None) -> Config:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    """Entry point. Returns the process exit status: 0, or 2 for any error on any rank."""
+    """Entry point. Returns the process exit status: 0, or 2 for any error on any rank; exits with 130
+    on Ctrl-C (and the watchdog with 3 on a stall)."""
     try:
         config = config_from_args(argv)
         from hvdtrain.train import run  # imports TensorFlow: after argument checks, so --help is fast
@@ -140,6 +151,11 @@ def main(argv: Optional[List[str]] = None) -> int:
                 os._exit(EXIT_ERROR)  # without Horovod's shutdown at exit, which would wait for the peers
             return EXIT_ERROR
         return _quiet_exit()
+    except KeyboardInterrupt:
+        if launcher_rank() == 0:
+            print("hvdtrain: interrupted; the checkpoints written so far are complete: rerun the same command "
+                  "with --resume to continue", file=sys.stderr, flush=True)
+        os._exit(EXIT_INTERRUPTED)  # without Horovod's shutdown at exit, which would wait for the peers
     except PeerFailure:
         return _quiet_exit()
     except PeerLost as e:

@@ -224,7 +224,8 @@ def validate(x_train, y_train, x_test, y_test, name: str, num_classes: int = 0) 
 
     Raises:
         HvdtrainError: naming the array and the problem (dtype, shape, count mismatch, empty,
-            label out of range, non-finite pixels).
+            label out of range, a class with no training example when ``num_classes`` is
+            inferred, non-finite pixels).
     """
     for key, x in (("x_train", x_train), ("x_test", x_test)):
         if x.dtype != np.uint8 and not np.issubdtype(x.dtype, np.floating):
@@ -246,11 +247,18 @@ def validate(x_train, y_train, x_test, y_test, name: str, num_classes: int = 0) 
         raise HvdtrainError(f"{name}: empty dataset ({len(y_train)} training, {len(y_test)} test examples)")
     low = min(int(y_train.min()), int(y_test.min()))
     high = max(int(y_train.max()), int(y_test.max()))
+    inferred = not num_classes
     num_classes = num_classes or high + 1
     if low < 0 or high >= num_classes:
         raise HvdtrainError(f"{name}: labels must be in [0, {num_classes}), found range [{low}, {high}]")
     if num_classes < 2:
         raise HvdtrainError(f"{name}: need at least 2 classes, labels only take the value {high}")
+    if inferred:  # a corrupt label would otherwise add classes silently (a 200 among 0..9: 201 outputs)
+        missing = np.setdiff1d(np.arange(num_classes), y_train)
+        if len(missing):
+            shown = ", ".join(map(str, missing[:5])) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+            raise HvdtrainError(f"{name}: labels must be class indices 0..K-1 with every class in the training "
+                                f"set; the labels go up to {high}, but no training example has class {shown}")
     return Dataset(
         x_train=np.ascontiguousarray(x_train if x_train.dtype == np.uint8 else x_train.astype(np.float32)),
         y_train=y_train.astype(np.int32),

@@ -8,21 +8,28 @@ So, per epoch:
 * the ranks' shards are disjoint and together are the whole training set (no example dropped or
   repeated, whatever the training-set size);
 * every rank runs the same number of steps, ``ceil(n / global_batch)``: the last, short global
-  batch is split as evenly as possible, so a rank may get a short (or, when fewer examples than
-  ranks remain, empty) local batch but never skips a step and never leaves the others waiting in
-  a collective;
+  batch is split as evenly as possible, so a rank may get a short local batch but never skips a
+  step and never leaves the others waiting in a collective;
+* no rank gets an empty local batch: when the epoch's last global batch would hold fewer examples
+  than there are ranks, those examples join the step before it (``global_batch + r`` examples,
+  ``local_batch`` or ``local_batch + 1`` per rank), and the epoch has one step fewer. An empty
+  batch is not safe in a real model: under oneDNN (TensorFlow's CPU default) ``Conv2D`` returns a
+  wrongly shaped tensor for a batch of 0, and Keras' ``BatchNormalization`` sets its moving
+  statistics to NaN;
 * step ``s`` over all ranks covers exactly the examples that one process with batch
   ``world_size · local_batch`` takes at step ``s`` -- the basis of the equivalence with
-  single-process training.
+  single-process training -- except in that one case, where the single process would take the
+  last few examples in a step of their own.
 
 An elastic job (:mod:`hvdtrain.elastic`) that changes world size mid-epoch continues from the
 position ``first_example`` the old world size reached: the first step takes the examples up to the
 next multiple of the new global batch (a short step, exact because the loss is scaled by the
-global count), and the steps after it are aligned as above.
+global count), and the steps after it are aligned as above. A short first step with fewer
+examples than ranks joins the step after it; if it is the epoch's last, its examples (fewer than
+``world_size``) are not trained on in that epoch.
 """
 from __future__ import annotations
 
-import math
 
 import numpy as np
 
@@ -61,8 +68,11 @@ class ShardPlan:
 
     @property
     def steps_per_epoch(self) -> int:
-        """``ceil(num_examples / global_batch)``, identical on every rank."""
-        return math.ceil(self.num_examples / self.global_batch)
+        """Steps in a whole epoch, identical on every rank: ``ceil(num_examples / global_batch)``, or
+        one fewer when the last global batch would have fewer examples than ranks (see the module)."""
+        full, rest = divmod(self.num_examples, self.global_batch)
+        joins_the_step_before = 0 < rest < self.world_size and full >= 1
+        return full + int(rest > 0 and not joins_the_step_before)
 
     def permutation(self, epoch: int) -> np.ndarray:
         """The epoch's global example order, int64 ``(num_examples,)``, identical on every rank."""
@@ -70,32 +80,46 @@ class ShardPlan:
             return np.arange(self.num_examples)
         return np.random.default_rng([self.seed, epoch]).permutation(self.num_examples)
 
-    def _span(self, step: int, first_example: int = 0) -> tuple:
-        """``(start, end)`` positions in the epoch's permutation that all ranks take at ``step``."""
-        start = max(step * self.global_batch, first_example)
-        return start, min((step + 1) * self.global_batch, self.num_examples)
+    def _spans(self, first_step: int = 0, first_example: int = 0) -> dict:
+        """``{step: (start, end)}``, the positions in the epoch's permutation that all ranks take at
+        each remaining step, from step ``first_step`` or position ``first_example``, whichever is later."""
+        if not 0 <= first_example <= self.num_examples:
+            raise ValueError(f"first_example {first_example} outside [0, {self.num_examples}]")
+        steps, g = self.steps_per_epoch, self.global_batch
+        spans = {s: (max(s * g, first_example), self.num_examples if s == steps - 1 else (s + 1) * g)
+                 for s in range(first_step, steps)}
+        spans = {s: span for s, span in spans.items() if span[1] > span[0]}
+        first = min(spans, default=None)
+        if first is not None and spans[first][1] - spans[first][0] < min(self.world_size, self.num_examples):
+            start, _ = spans.pop(first)  # too few examples for every rank to get one
+            if first + 1 in spans:
+                spans[first + 1] = (start, spans[first + 1][1])
+        return spans
 
     def global_batch_size(self, step: int, first_example: int = 0) -> int:
-        """Examples over all ranks at ``step``: ``global_batch``, except a shorter last step (and a
+        """Examples over all ranks at ``step``: ``global_batch``, except a different last step (and a
         shorter first step when the epoch resumes at an unaligned ``first_example``)."""
-        start, end = self._span(step, first_example)
+        start, end = self._spans(0, first_example)[step]
         return end - start
 
     def local_slice(self, step: int, rank: int = None, first_example: int = 0) -> slice:
         """Positions in the epoch's permutation that ``rank`` (default: this rank) takes at ``step``."""
-        rank = self.rank if rank is None else rank
-        start, end = self._span(step, first_example)
+        return self._local(*self._spans(0, first_example)[step], self.rank if rank is None else rank)
+
+    def _local(self, start: int, end: int, rank: int) -> slice:
+        """``rank``'s contiguous part of the positions ``[start, end)`` (sizes differ by <= 1)."""
         size = end - start
         return slice(start + rank * size // self.world_size, start + (rank + 1) * size // self.world_size)
 
     def examples_before(self, step: int) -> int:
-        """Position in the epoch's permutation after ``step`` steps (``step * global_batch``, at most n)."""
-        return min(step * self.global_batch, self.num_examples)
+        """Position in the epoch's permutation after ``step`` whole steps (``num_examples`` after the last)."""
+        return self.num_examples if step >= self.steps_per_epoch else step * self.global_batch
 
     def start_step(self, first_step: int = 0, first_example: int = 0) -> int:
         """The step an epoch resumed at ``first_step`` or position ``first_example`` begins with
-        (the step holding ``first_example``, or ``first_step`` if later)."""
-        return max(first_step, first_example // self.global_batch)
+        (the step holding ``first_example``, or ``first_step`` if later; ``steps_per_epoch`` if none
+        is left)."""
+        return min(self._spans(first_step, first_example), default=self.steps_per_epoch)
 
     def epoch(self, epoch: int, first_step: int = 0, first_example: int = 0):
         """Yield ``(step, local_indices, global_batch_size)`` for the rest of ``epoch``.
@@ -103,15 +127,16 @@ class ShardPlan:
         It starts at step ``first_step``, or at position ``first_example`` of the epoch's
         permutation (the step holding it, shortened to begin there), whichever is later.
 
-        ``local_indices`` is int32 ``(b,)`` with ``0 <= b <= local_batch`` (``b == local_batch``
-        except possibly at the first and last steps).
+        ``local_indices`` is int32 ``(b,)`` with ``1 <= b <= local_batch + 1``: ``local_batch``,
+        except possibly at the first and last steps. (``b`` is 0 only when the whole training set
+        has fewer examples than ranks.)
+
+        Raises:
+            ValueError: if ``first_example`` is outside ``[0, num_examples]``.
         """
-        if not 0 <= first_example <= self.num_examples:
-            raise ValueError(f"first_example {first_example} outside [0, {self.num_examples}]")
         order = self.permutation(epoch).astype(np.int32)
-        for step in range(self.start_step(first_step, first_example), self.steps_per_epoch):
-            yield (step, order[self.local_slice(step, first_example=first_example)],
-                   self.global_batch_size(step, first_example))
+        for step, (start, end) in sorted(self._spans(first_step, first_example).items()):
+            yield step, order[self._local(start, end, self.rank)], end - start
 
 
 def eval_shard(num_examples: int, world_size: int, rank: int) -> slice:

@@ -102,7 +102,7 @@ class SyncBatchNormalization(tf.keras.layers.Layer):
           waiting for its allreduce; Horovod's stall check then reports the missing rank and, under
           hvdtrain, the job aborts instead of hanging. hvdtrain guarantees equal calls by running
           the same model on every rank and the same number of steps per epoch on every rank
-          (:mod:`hvdtrain.data` gives short or empty local batches rather than fewer steps).
+          (:mod:`hvdtrain.sharding` gives short local batches rather than fewer steps).
         * Inference (``training=False``) makes no collective call, so evaluation shards may differ.
         * Losses must be sums over the local batch scaled to the global batch for the step to equal
           the global-batch step when local batches differ (see :mod:`hvdtrain.train`).

@@ -4,7 +4,6 @@
 """
 from __future__ import annotations
 
-import math
 import os
 import sys
 import time
@@ -19,7 +18,7 @@ from hvdtrain.config import Config
 from hvdtrain.data import Dataset, data_mismatch, load_dataset
 from hvdtrain.dist import DistContext, PeerFailure, PeerLost, init_distributed, is_peer_loss
 from hvdtrain.elastic import train_elastic
-from hvdtrain.errors import HvdtrainError
+from hvdtrain.errors import HvdtrainError, describe_differences
 from hvdtrain.models import build_model
 from hvdtrain.optim import build_optimizer
 from hvdtrain.sharding import ShardPlan, eval_shard
@@ -282,11 +281,17 @@ def open_run_dir(config: Config, run_dir: str, ckpt_dir: str, model, optimizer, 
 
     Args:
         fresh: the run starts here (no ``--resume``): refuse a checkpoint directory that already
-            holds checkpoints, which this run would mix with its own.
+            holds checkpoints, which this run would mix with its own, and a log directory that
+            already holds another run's ``metrics.jsonl``, which this run would overwrite.
+            Otherwise (``--resume``) the checkpoint directory must exist: nothing is created for
+            a mistyped path.
 
     Raises:
-        HvdtrainError: if a directory is not writable, or ``fresh`` and checkpoints exist.
+        HvdtrainError: if a directory is not writable, if ``fresh`` and checkpoints or metrics
+            exist, or if resuming from a checkpoint directory that does not exist.
     """
+    if not fresh and not os.path.isdir(ckpt_dir):
+        raise HvdtrainError(f"--resume: no checkpoint directory {ckpt_dir} (check --log-dir/--checkpoint-dir)")
     try:
         os.makedirs(run_dir, exist_ok=True)
         with open(os.path.join(run_dir, ".write-test"), "w"):
@@ -299,6 +304,10 @@ def open_run_dir(config: Config, run_dir: str, ckpt_dir: str, model, optimizer, 
     if fresh and latest:
         raise HvdtrainError(f"checkpoint directory {ckpt_dir} already holds {os.path.basename(latest)}; "
                             f"pass --resume to continue that run, or choose another --log-dir/--checkpoint-dir")
+    metrics_file = os.path.join(run_dir, "metrics.jsonl")
+    if fresh and os.path.isfile(metrics_file) and os.path.getsize(metrics_file):
+        raise HvdtrainError(f"log directory {run_dir} already holds the metrics of another run (metrics.jsonl); "
+                            f"pass --resume to continue that run, or choose another --log-dir")
     return manager
 
 
@@ -329,7 +338,8 @@ def _check_accumulation_fits_epochs(plan: ShardPlan, passes: int) -> None:
     if plan.steps_per_epoch % passes == 0:
         return
     n, batch = plan.num_examples, plan.local_batch
-    fitting = [b for b in range(1, 2 * batch) if math.ceil(n / (b * plan.world_size)) % passes == 0]
+    fitting = [b for b in range(1, 2 * batch)
+               if ShardPlan(n, b, plan.world_size, plan.rank).steps_per_epoch % passes == 0]
     nearest = sorted(sorted(fitting, key=lambda b: abs(b - batch))[:2])
     hint = f"; --batch-size {' or '.join(map(str, nearest))} would do" if nearest else ""
     error = HvdtrainError(f"--backward-passes-per-step {passes} needs the steps per epoch to be a multiple of "
@@ -355,7 +365,27 @@ def _open_checkpoints(config: Config, run_dir: str, ckpt_dir: str, model, optimi
         raise HvdtrainError(f"--resume: {latest} was written by an elastic job, whose steps mix world sizes; "
                             f"resume it with --elastic")
     check_resumable(latest, meta, layout)
+    changed = _changed_settings(config, meta.get("config"))
+    if changed:  # allowed (a longer run, a lower rate), but the run is no longer the one checkpointed
+        print(f"--resume: settings changed since {os.path.basename(latest)}: {'; '.join(changed)}", flush=True)
     return manager, (int(meta["epoch"]), int(meta.get("step_in_epoch", 0)), meta.get("epoch_sums"))
+
+
+def _changed_settings(config: Config, saved: Optional[dict]) -> List[str]:
+    """The settings of ``config`` that differ from the checkpointed run's ``saved`` config, as
+    ``"key: <now> here, <then> there"``, leaving out where files go and how the run is shown or
+    placed (directories, progress, threads, stall timeout), which do not change the training."""
+    if not saved:
+        return []
+    ignored = {"checkpoint": ("dir", "resume"), "log": ("dir", "progress", "log_every"), "runtime": None}
+    ours, theirs = config.to_dict(), dict(saved)
+    for section, keys in ignored.items():
+        for side in (ours, theirs):
+            if keys is None:
+                side.pop(section, None)
+            elif isinstance(side.get(section), dict):
+                side[section] = {k: v for k, v in side[section].items() if k not in keys}
+    return describe_differences(ours, theirs, "there")
 
 
 def chief_callbacks(config: Config, run_dir: str, manager: CheckpointManager, plan: ShardPlan, optimizer,
@@ -374,19 +404,26 @@ def banner(ctx: DistContext, config: Config, dataset: Dataset, plan: ShardPlan, 
     """Rank 0's start-up lines: world size and pinning, data, batch arithmetic, learning rate,
     model, run directory and where training starts (0-based ``start_epoch``/``start_step``)."""
     last = plan.global_batch_size(plan.steps_per_epoch - 1)
+    leftover = last - plan.global_batch
+    passes = config.optim.backward_passes_per_step
+    epochs = (f"epochs {start_epoch + 1}..{config.epochs}" if start_epoch < config.epochs
+              else f"no epoch left to train of {config.epochs} (evaluation only)")
     return "\n".join([
         f"hvdtrain: world size {ctx.size} ({ctx.local_size} local rank(s) x {ctx.cross_size} host(s)), "
         f"device {ctx.device}, {ctx.intra_op_threads} thread(s) per rank",
         f"data:  {dataset.name}: {len(dataset.y_train):,} train / {len(dataset.y_test):,} test, "
         f"{'x'.join(map(str, dataset.input_shape))}, {dataset.num_classes} classes",
         f"batch: local {plan.local_batch} x {ctx.size} rank(s) = global {plan.global_batch}; "
-        f"{plan.steps_per_epoch} steps per epoch (last global batch {last})",
+        f"{plan.steps_per_epoch} steps per epoch (last global batch {last}"
+        + (f": the {leftover} example(s) left over, fewer than the ranks, join it" if leftover > 0 else "") + ")"
+        + (f"; {passes} passes per update: {plan.global_batch * passes} examples per update, "
+           f"{plan.steps_per_epoch // passes} updates per epoch" if passes > 1 else ""),
         f"lr:    base {schedule.base_lr:g} x {ctx.size} = peak {schedule.peak_lr:g}, linear warmup "
         f"{config.optim.warmup_epochs:g} epoch(s) ({schedule.warmup_steps} steps), then {config.optim.lr_schedule}",
         f"model: {config.model.name} "
         f"({'user model' if ':' in config.model.name else ('synchronized' if config.model.sync_bn else 'per-rank') + ' BatchNorm'}), "
         f"{model.count_params():,} parameters",
-        f"run:   {run_dir} (checkpoints {ckpt_dir}), epochs {start_epoch + 1}..{config.epochs}"
+        f"run:   {run_dir} (checkpoints {ckpt_dir}), {epochs}"
         + (f", resuming at step {start_step + 1} of epoch {start_epoch + 1}" if start_step else ""),
     ])
 

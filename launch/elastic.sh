@@ -17,6 +17,8 @@
 #   ARGS      hvdtrain flags (see: python -m hvdtrain --help); LOG_DIR the run directory
 #   VENV      the virtual environment, at the same path on every host (default: .venv here)
 # Run:  HOSTS_FILE=/shared/hosts.txt NP=4 MIN_NP=2 MAX_NP=8 bash launch/elastic.sh
+# Workers start in the repository's directory, on every host alike: relative paths in ARGS and
+# LOG_DIR resolve against it, not against the directory you run this from.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 VENV=${VENV:-$PWD/.venv}

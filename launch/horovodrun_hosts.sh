@@ -11,6 +11,8 @@
 #   ARGS      hvdtrain flags (see: python -m hvdtrain --help)
 #   VENV      the virtual environment, at the same path on every host (default: .venv here)
 # Run:  HOSTS=node1:4,node2:4 bash launch/horovodrun_hosts.sh
+# Ranks start in the repository's directory, on every host alike: relative paths in ARGS resolve
+# against it, not against the directory you run this from.
 #
 # Horovod 0.28.1 note: Gloo's process-set connections bind to the address that each host's hostname
 # resolves to, whatever --network-interfaces says, so hostnames must resolve to routable addresses.

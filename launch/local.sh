@@ -4,16 +4,18 @@
 # Edit: NP (ranks; on a GPU host at most its GPU count), ARGS (hvdtrain flags, see --help).
 # Run:  bash launch/local.sh [mpi|gloo|mpirun]     (default mpi: on one host OpenMPI's shared-memory
 #       transport allreduces several times faster than Gloo's TCP; see benchmarks/README.md)
+#       Relative paths in ARGS (--data-dir, --log-dir) and --model modules resolve against the
+#       directory you run it from, as with python -m hvdtrain itself.
 set -euo pipefail
-cd "$(dirname "${BASH_SOURCE[0]}")/.."
+VENV=${VENV:-$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/.venv}
 NP=${NP:-2}
 ARGS=${ARGS:-}
-PY=.venv/bin/python
+PY=$VENV/bin/python
 case "${1:-mpi}" in
   # Gloo: Horovod's own TCP rendezvous and collectives; no MPI needed.
-  gloo)   exec .venv/bin/horovodrun -np "$NP" --gloo $PY -m hvdtrain $ARGS ;;
+  gloo)   exec "$VENV/bin/horovodrun" -np "$NP" --gloo $PY -m hvdtrain $ARGS ;;
   # horovodrun driving OpenMPI underneath.
-  mpi)    exec .venv/bin/horovodrun -np "$NP" --mpi $PY -m hvdtrain $ARGS ;;
+  mpi)    exec "$VENV/bin/horovodrun" -np "$NP" --mpi $PY -m hvdtrain $ARGS ;;
   # Plain mpirun: each rank learns rank/size from OpenMPI. -bind-to none lets hvdtrain give each
   # rank its own slice of cores; root needs --allow-run-as-root.
   mpirun) exec mpirun -np "$NP" -bind-to none -map-by slot --allow-run-as-root \

@@ -11,6 +11,8 @@
 #   ARGS      hvdtrain flags (see: python -m hvdtrain --help)
 #   VENV      the virtual environment, at the same path on every host (default: .venv here)
 # Run:  HOSTFILE=hosts.txt bash launch/mpirun_hostfile.sh
+# Ranks start in the repository's directory, on every host alike: relative paths in ARGS resolve
+# against it, not against the directory you run this from.
 #
 # -bind-to none -map-by slot: hvdtrain pins each rank to its GPU (local rank) and to its own share
 # of the host's cores itself; -x exports the environment each rank needs to every host.

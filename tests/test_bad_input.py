@@ -40,7 +40,7 @@ def npz(tmp, **overrides):
 def per_rank_data(tmp):
     """Rank 0 and rank 1 read NPZ files of the same shapes but different labels."""
     save_npz(tmp / "data0.npz")
-    save_npz(tmp / "data1.npz", y_train=np.arange(12) % 3)
+    save_npz(tmp / "data1.npz", y_train=(np.arange(12) + 1) % 4)
     return ["-m", "tests.workers.per_rank_args", "--dataset", "npz", "--data-dir", str(tmp / "data{rank}.npz"), *MLP]
 
 
@@ -95,6 +95,8 @@ CASES = [
     ("IDX image/label count mismatch", lambda t, r: idx(t, "count"), "20 images but 19 labels"),
     ("labels out of range", lambda t, r: npz(t, y_train=np.arange(12) - 1),
      r"labels must be in [0, 11), found range [-1, 10]"),
+    ("a corrupt label adds classes", lambda t, r: npz(t, y_train=np.r_[np.arange(11) % 4, 200]),
+     "the labels go up to 200, but no training example has class 4, 5, 6, 7, 8 and 191 more"),
     ("NPZ missing key", lambda t, r: npz(t, y_test=None), "missing key(s) ['y_test']"),
     ("NPZ wrong dtype", lambda t, r: npz(t, y_train=np.arange(12, dtype=np.float32)), "y_train must be integer labels"),
     ("NPZ wrong shape", lambda t, r: npz(t, x_train=np.zeros((12, 6), np.uint8)), "x_train must have shape (n, H, W[, C])"),
@@ -120,6 +122,9 @@ CASES = [
     ("unwritable log directory", lambda t, r: [*SYNTHETIC, *MLP, "--log-dir", blocked(t)], "is not writable"),
     ("unwritable checkpoint directory", lambda t, r: [*SYNTHETIC, *MLP, "--log-dir", str(t / "run"),
                                                       "--checkpoint-dir", blocked(t)], "is not writable"),
+    ("a new run into a log directory with another run's metrics",  # the earlier run below sits in t / "run"
+     lambda t, r: [*SYNTHETIC, *MLP, "--log-dir", str(t / "run"), "--checkpoint-dir", str(t / "elsewhere")],
+     "already holds the metrics of another run (metrics.jsonl); pass --resume to continue that run"),
     ("resume with a checkpoint of another model", lambda t, r: resume_from(t, r, model="tests.models:cnn_sync_bn"),
      "was written by another model"),
     ("resume inside an accumulated update",  # 47 steps per epoch here, so K = 47

@@ -40,7 +40,7 @@ def tables(stdout: str) -> List[List[Dict[str, str]]]:
 
 def number(cell: str) -> float:
     """The first number in a table cell ("3,120.5 +-277.5" -> 3120.5)."""
-    return float(re.match(r"\s*(-?[\d,]*\.?\d+(?:e-?\d+)?|nan)", cell).group(1).replace(",", ""))
+    return float(re.match(r"\s*(-?[\d,]*\.?\d+(?:e[-+]?\d+)?|nan)", cell).group(1).replace(",", ""))
 
 
 def assert_png(path) -> None:

@@ -112,6 +112,21 @@ def test_corrupt_checkpoint_is_refused(tmp_path):
         CheckpointManager(str(tmp_path), *model_and_optimizer()).restore(path)
 
 
+def test_a_corrupt_latest_checkpoint_names_the_one_before_it(tmp_path):
+    manager = CheckpointManager(str(tmp_path), *model_and_optimizer())
+    manager.save(1, {"epoch": 1})
+    path = manager.save(2, {"epoch": 2})
+    data = [f for f in os.listdir(path) if f.startswith("state.data")][0]
+    with open(os.path.join(path, data), "r+b") as f:
+        f.truncate(10)
+    fresh = CheckpointManager(str(tmp_path), *model_and_optimizer())
+    with pytest.raises(HvdtrainError, match=r"corrupt or incompatible: .*; ckpt-000001 before it is still there: "
+                                            r"move ckpt-000002 out of .* to resume from ckpt-000001"):
+        fresh.restore_latest()
+    shutil.move(path, tmp_path.parent / "set-aside")
+    assert fresh.restore_latest()[1]["epoch"] == 1
+
+
 def test_unwritable_directory(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("x")

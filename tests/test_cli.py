@@ -1,8 +1,10 @@
 """The command line with real ranks: help, argument errors, the real job end to end, resume."""
 import json
 import shutil
+import signal
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -50,6 +52,9 @@ def test_resume_continues_exactly(tmp_path):
     assert refused.returncode != 0 and "pass --resume" in refused.stderr
     resumed = hvdtrain(2, [*common, "--epochs", "2", "--log-dir", str(split), "--resume"])
     assert "epochs 2..2" in resumed.stdout
+    # Only the epoch count differs from the checkpointed run, and the resumed run says so.
+    assert resumed.stdout.count("--resume: settings changed since ckpt-") == 1
+    assert "ckpt-000047: epochs: 2 here, 1 there\n" in resumed.stdout
 
     assert [m["epoch"] for m in metrics(split)] == [1, 2]
     assert [sorted(m) for m in metrics(split)] == [sorted(m) for m in metrics(whole)]
@@ -58,6 +63,52 @@ def test_resume_continues_exactly(tmp_path):
     for k in a:
         np.testing.assert_allclose(b[k], a[k], rtol=1e-6, atol=1e-7, err_msg=k)
     assert metrics(split)[-1]["test_accuracy"] == pytest.approx(metrics(whole)[-1]["test_accuracy"], abs=1e-3)
+
+
+def test_ctrl_c_prints_one_line_and_keeps_the_checkpoints(tmp_path):
+    """SIGINT after the first epoch's checkpoint: one line on stderr, no traceback, status 130,
+    and the run resumes from that checkpoint."""
+    args = [*FAST, "--epochs", "50", "--log-dir", str(tmp_path)]
+    proc = subprocess.Popen([sys.executable, "-m", "hvdtrain", *args], env=rank_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    for line in proc.stdout:
+        if line.startswith("epoch   1/50"):
+            break
+    while not list((tmp_path / "checkpoints").glob("ckpt-*")):
+        assert proc.poll() is None
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130
+    assert err.count("hvdtrain: interrupted; the checkpoints written so far are complete") == 1
+    assert "Traceback" not in err
+    resumed = hvdtrain(1, [*FAST, "--epochs", "1", "--log-dir", str(tmp_path), "--resume"], launcher="single")
+    assert "no epoch left to train of 1 (evaluation only)" in resumed.stdout
+
+
+def test_resume_from_a_mistyped_directory_creates_nothing(tmp_path):
+    result = hvdtrain(2, [*FAST, "--resume", "--log-dir", str(tmp_path / "typo")], check=False)
+    assert result.returncode != 0
+    assert result.stderr.count(f"--resume: no checkpoint directory {tmp_path / 'typo' / 'checkpoints'}") == 1
+    assert not (tmp_path / "typo").exists()
+
+
+@pytest.mark.parametrize("norm", [[], ["--no-sync-bn"]])
+def test_a_last_global_batch_smaller_than_the_world_size_trains(tmp_path, norm):
+    """2 ranks x 8 over 33 examples: the last example joins the step before, so no rank gets an
+    empty batch, which under oneDNN crashed the seed CNN's Conv2D (and would turn per-rank
+    BatchNorm's moving statistics to NaN)."""
+    rng = np.random.default_rng(0)
+    data = tmp_path / "data.npz"
+    np.savez(data, x_train=rng.integers(0, 256, (33, 28, 28), dtype=np.uint8), y_train=np.arange(33) % 10,
+             x_test=rng.integers(0, 256, (7, 28, 28), dtype=np.uint8), y_test=np.arange(7) % 10)
+    result = hvdtrain(2, ["--dataset", "npz", "--data-dir", str(data), "--batch-size", "8", "--epochs", "2",
+                          "--no-progress", "--threads", "1", "--log-dir", str(tmp_path / "run"), *norm])
+    assert "2 steps per epoch (last global batch 17: the 1 example(s) left over, fewer than the ranks, join it)" \
+        in result.stdout
+    logged = metrics(tmp_path / "run")
+    assert [m["train_examples"] for m in logged] == [33, 33]
+    assert all(np.isfinite(m["test_loss"]) for m in logged)
 
 
 @pytest.fixture(scope="module")
