@@ -58,6 +58,20 @@ def check_resumable(path: str, meta: dict, expected: dict) -> None:
                             f"({'; '.join(differences)}); resume with the same ones")
 
 
+class DamagedCheckpoint(HvdtrainError):
+    """A checkpoint whose files cannot be read back (truncated, corrupt, unparsable metadata)."""
+
+
+def require_checkpoint_dir(directory: str) -> None:
+    """Refuse a ``--resume`` whose checkpoint directory does not exist, before anything creates it.
+
+    Raises:
+        HvdtrainError: naming the directory.
+    """
+    if not os.path.isdir(directory):
+        raise HvdtrainError(f"--resume: no checkpoint directory {directory} (check --log-dir/--checkpoint-dir)")
+
+
 def _fsync_dir(path: str) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -178,7 +192,8 @@ class CheckpointManager:
         """For ``--resume``: load the newest complete checkpoint; return ``(path, meta)``.
 
         Raises:
-            HvdtrainError: if there is none, or as :meth:`restore`.
+            HvdtrainError: if there is none, or as :meth:`restore`; for a damaged newest checkpoint
+                the message also names the one before it and how to resume from that.
         """
         done = self.completed()
         if not done:
@@ -186,7 +201,7 @@ class CheckpointManager:
         latest = done[-1][1]
         try:
             return latest, self.restore(latest)
-        except HvdtrainError as e:
+        except DamagedCheckpoint as e:  # not for another model's checkpoint: the older one would be too
             if len(done) < 2:
                 raise
             older = os.path.basename(done[-2][1])
@@ -204,7 +219,7 @@ class CheckpointManager:
             with open(os.path.join(path, "meta.json")) as f:
                 meta = json.load(f)
         except (OSError, ValueError) as e:
-            raise HvdtrainError(f"checkpoint {path} is unreadable: {e}") from None
+            raise DamagedCheckpoint(f"checkpoint {path} is unreadable: {e}") from None
         if not isinstance(meta, dict) or meta.get("format_version") != FORMAT_VERSION:
             raise HvdtrainError(f"checkpoint {path}: unknown format (meta.json format_version "
                                 f"{meta.get('format_version') if isinstance(meta, dict) else None!r})")
@@ -217,5 +232,5 @@ class CheckpointManager:
             self._checkpoint.read(os.path.join(path, "state")).assert_existing_objects_matched()
         except Exception as e:  # noqa: BLE001 -- the reader raises OpError, IndexError, ValueError... on damage
             first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise HvdtrainError(f"checkpoint {path} is corrupt or incompatible: {first_line}") from None
+            raise DamagedCheckpoint(f"checkpoint {path} is corrupt or incompatible: {first_line}") from None
         return meta

@@ -151,10 +151,13 @@ def main(argv: Optional[List[str]] = None) -> int:
                 os._exit(EXIT_ERROR)  # without Horovod's shutdown at exit, which would wait for the peers
             return EXIT_ERROR
         return _quiet_exit()
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
+        run_dir = getattr(e, "run_dir", None)
         if launcher_rank() == 0:
-            print("hvdtrain: interrupted; the checkpoints written so far are complete: rerun the same command "
-                  "with --resume to continue", file=sys.stderr, flush=True)
+            resume = (f"rerun the same command with --resume --log-dir {run_dir} to continue from the last one"
+                      if run_dir else "nothing was written yet")
+            print(f"hvdtrain: interrupted; the checkpoints written so far are complete: {resume}",
+                  file=sys.stderr, flush=True)
         os._exit(EXIT_INTERRUPTED)  # without Horovod's shutdown at exit, which would wait for the peers
     except PeerFailure:
         return _quiet_exit()

@@ -32,7 +32,7 @@ import time
 from horovod.common.elastic import ObjectState
 
 from hvdtrain import callbacks as cbs
-from hvdtrain.checkpoint import CheckpointManager, check_resumable
+from hvdtrain.checkpoint import CheckpointManager, check_resumable, require_checkpoint_dir
 from hvdtrain.config import Config
 from hvdtrain.data import data_mismatch
 from hvdtrain.dist import DistContext, PeerFailure, is_peer_loss
@@ -130,6 +130,7 @@ def _resume(config: Config, model, optimizer, fingerprint: dict) -> dict:
             seed or data.
     """
     ckpt_dir = config.checkpoint.dir or os.path.join(config.log.dir, "checkpoints")
+    require_checkpoint_dir(ckpt_dir)
     latest, meta = CheckpointManager(ckpt_dir, model, optimizer, keep=config.checkpoint.keep).restore_latest()
     check_resumable(latest, meta, {"batch_size": config.batch_size, "seed": config.seed, "data": fingerprint})
     num_examples = fingerprint["train_examples"]

@@ -7,9 +7,9 @@ So, per epoch:
 
 * the ranks' shards are disjoint and together are the whole training set (no example dropped or
   repeated, whatever the training-set size);
-* every rank runs the same number of steps, ``ceil(n / global_batch)``: the last, short global
-  batch is split as evenly as possible, so a rank may get a short local batch but never skips a
-  step and never leaves the others waiting in a collective;
+* every rank runs the same number of steps, ``ceil(n / global_batch)`` (one fewer in the case
+  below): the last, short global batch is split as evenly as possible, so a rank may get a short
+  local batch but never skips a step and never leaves the others waiting in a collective;
 * no rank gets an empty local batch: when the epoch's last global batch would hold fewer examples
   than there are ranks, those examples join the step before it (``global_batch + r`` examples,
   ``local_batch`` or ``local_batch + 1`` per rank), and the epoch has one step fewer. An empty
@@ -29,7 +29,6 @@ examples than ranks joins the step after it; if it is the epoch's last, its exam
 ``world_size``) are not trained on in that epoch.
 """
 from __future__ import annotations
-
 
 import numpy as np
 
@@ -60,6 +59,7 @@ class ShardPlan:
         self.rank = rank
         self.seed = seed
         self.shuffle = shuffle
+        self._span_cache = {}
 
     @property
     def global_batch(self) -> int:
@@ -80,31 +80,33 @@ class ShardPlan:
             return np.arange(self.num_examples)
         return np.random.default_rng([self.seed, epoch]).permutation(self.num_examples)
 
-    def _spans(self, first_step: int = 0, first_example: int = 0) -> dict:
-        """``{step: (start, end)}``, the positions in the epoch's permutation that all ranks take at
-        each remaining step, from step ``first_step`` or position ``first_example``, whichever is later."""
-        if not 0 <= first_example <= self.num_examples:
-            raise ValueError(f"first_example {first_example} outside [0, {self.num_examples}]")
-        steps, g = self.steps_per_epoch, self.global_batch
-        spans = {s: (max(s * g, first_example), self.num_examples if s == steps - 1 else (s + 1) * g)
-                 for s in range(first_step, steps)}
-        spans = {s: span for s, span in spans.items() if span[1] > span[0]}
-        first = min(spans, default=None)
-        if first is not None and spans[first][1] - spans[first][0] < min(self.world_size, self.num_examples):
-            start, _ = spans.pop(first)  # too few examples for every rank to get one
-            if first + 1 in spans:
-                spans[first + 1] = (start, spans[first + 1][1])
-        return spans
+    def _spans(self, first_example: int = 0) -> dict:
+        """``{step: (start, end)}``: the positions in the epoch's permutation that all ranks take at
+        each step of an epoch begun at position ``first_example`` (computed once per position)."""
+        if first_example not in self._span_cache:
+            if not 0 <= first_example <= self.num_examples:
+                raise ValueError(f"first_example {first_example} outside [0, {self.num_examples}]")
+            steps, g = self.steps_per_epoch, self.global_batch
+            spans = {s: (max(s * g, first_example), self.num_examples if s == steps - 1 else (s + 1) * g)
+                     for s in range(first_example // g, steps)}
+            spans = {s: span for s, span in spans.items() if span[1] > span[0]}
+            first = min(spans, default=None)
+            if first is not None and spans[first][1] - spans[first][0] < min(self.world_size, self.num_examples):
+                start, _ = spans.pop(first)  # too few examples for every rank to get one
+                if first + 1 in spans:
+                    spans[first + 1] = (start, spans[first + 1][1])
+            self._span_cache[first_example] = spans
+        return self._span_cache[first_example]
 
     def global_batch_size(self, step: int, first_example: int = 0) -> int:
         """Examples over all ranks at ``step``: ``global_batch``, except a different last step (and a
-        shorter first step when the epoch resumes at an unaligned ``first_example``)."""
-        start, end = self._spans(0, first_example)[step]
+        different first step when the epoch resumes at an unaligned ``first_example``)."""
+        start, end = self._spans(first_example)[step]
         return end - start
 
     def local_slice(self, step: int, rank: int = None, first_example: int = 0) -> slice:
         """Positions in the epoch's permutation that ``rank`` (default: this rank) takes at ``step``."""
-        return self._local(*self._spans(0, first_example)[step], self.rank if rank is None else rank)
+        return self._local(*self._spans(first_example)[step], self.rank if rank is None else rank)
 
     def _local(self, start: int, end: int, rank: int) -> slice:
         """``rank``'s contiguous part of the positions ``[start, end)`` (sizes differ by <= 1)."""
@@ -116,27 +118,29 @@ class ShardPlan:
         return self.num_examples if step >= self.steps_per_epoch else step * self.global_batch
 
     def start_step(self, first_step: int = 0, first_example: int = 0) -> int:
-        """The step an epoch resumed at ``first_step`` or position ``first_example`` begins with
-        (the step holding ``first_example``, or ``first_step`` if later; ``steps_per_epoch`` if none
-        is left)."""
-        return min(self._spans(first_step, first_example), default=self.steps_per_epoch)
+        """The step an epoch resumed at ``first_step`` or position ``first_example`` begins with:
+        the step holding ``first_example`` (the one after it, if its part would give some rank no
+        example), or ``first_step`` if later; ``steps_per_epoch`` if none is left."""
+        return min((s for s in self._spans(first_example) if s >= first_step), default=self.steps_per_epoch)
 
     def epoch(self, epoch: int, first_step: int = 0, first_example: int = 0):
         """Yield ``(step, local_indices, global_batch_size)`` for the rest of ``epoch``.
 
-        It starts at step ``first_step``, or at position ``first_example`` of the epoch's
-        permutation (the step holding it, shortened to begin there), whichever is later.
+        It starts at :meth:`start_step` ``(first_step, first_example)``; a step that holds
+        ``first_example`` begins there.
 
-        ``local_indices`` is int32 ``(b,)`` with ``1 <= b <= local_batch + 1``: ``local_batch``,
-        except possibly at the first and last steps. (``b`` is 0 only when the whole training set
-        has fewer examples than ranks.)
+        ``local_indices`` is int32 ``(b,)``: ``b == local_batch``, except at the last step
+        (``1 <= b <= local_batch + 1``) and at the first step of an epoch resumed at an unaligned
+        ``first_example`` (``1 <= b <= local_batch + 2``). ``b`` is 0 only when the whole training
+        set has fewer examples than ranks.
 
         Raises:
             ValueError: if ``first_example`` is outside ``[0, num_examples]``.
         """
         order = self.permutation(epoch).astype(np.int32)
-        for step, (start, end) in sorted(self._spans(first_step, first_example).items()):
-            yield step, order[self._local(start, end, self.rank)], end - start
+        for step, (start, end) in sorted(self._spans(first_example).items()):
+            if step >= first_step:
+                yield step, order[self._local(start, end, self.rank)], end - start
 
 
 def eval_shard(num_examples: int, world_size: int, rank: int) -> slice:

@@ -13,7 +13,7 @@ import numpy as np
 import tensorflow as tf
 
 from hvdtrain import callbacks as cbs
-from hvdtrain.checkpoint import CheckpointManager, check_resumable
+from hvdtrain.checkpoint import CheckpointManager, check_resumable, require_checkpoint_dir
 from hvdtrain.config import Config
 from hvdtrain.data import Dataset, data_mismatch, load_dataset
 from hvdtrain.dist import DistContext, PeerFailure, PeerLost, init_distributed, is_peer_loss
@@ -276,22 +276,27 @@ class Trainer:
         return metrics
 
 
-def open_run_dir(config: Config, run_dir: str, ckpt_dir: str, model, optimizer, fresh: bool) -> CheckpointManager:
+def open_run_dir(config: Config, run_dir: str, ckpt_dir: str, model, optimizer, fresh: bool,
+                 must_exist: bool = False) -> CheckpointManager:
     """Rank 0: create the run directory and the checkpoint manager.
 
     Args:
-        fresh: the run starts here (no ``--resume``): refuse a checkpoint directory that already
-            holds checkpoints, which this run would mix with its own, and a log directory that
-            already holds another run's ``metrics.jsonl``, which this run would overwrite.
-            Otherwise (``--resume``) the checkpoint directory must exist: nothing is created for
-            a mistyped path.
+        fresh: the run starts here (no ``--resume``): refuse a log directory that already holds
+            another run's ``metrics.jsonl``, which this run would overwrite, and a checkpoint
+            directory that already holds checkpoints, which this run would mix with its own.
+        must_exist: the checkpoint directory must exist already (a ``--resume`` start), so that
+            nothing is created for a mistyped path.
 
     Raises:
-        HvdtrainError: if a directory is not writable, if ``fresh`` and checkpoints or metrics
-            exist, or if resuming from a checkpoint directory that does not exist.
+        HvdtrainError: if a directory is not writable, if ``fresh`` and metrics or checkpoints
+            exist, or if ``must_exist`` and the checkpoint directory does not.
     """
-    if not fresh and not os.path.isdir(ckpt_dir):
-        raise HvdtrainError(f"--resume: no checkpoint directory {ckpt_dir} (check --log-dir/--checkpoint-dir)")
+    if must_exist:
+        require_checkpoint_dir(ckpt_dir)
+    metrics_file = os.path.join(run_dir, "metrics.jsonl")
+    if fresh and os.path.isfile(metrics_file) and os.path.getsize(metrics_file):
+        raise HvdtrainError(f"log directory {run_dir} already holds the metrics of another run (metrics.jsonl); "
+                            f"pass --resume to continue that run, or choose another --log-dir")
     try:
         os.makedirs(run_dir, exist_ok=True)
         with open(os.path.join(run_dir, ".write-test"), "w"):
@@ -304,10 +309,6 @@ def open_run_dir(config: Config, run_dir: str, ckpt_dir: str, model, optimizer, 
     if fresh and latest:
         raise HvdtrainError(f"checkpoint directory {ckpt_dir} already holds {os.path.basename(latest)}; "
                             f"pass --resume to continue that run, or choose another --log-dir/--checkpoint-dir")
-    metrics_file = os.path.join(run_dir, "metrics.jsonl")
-    if fresh and os.path.isfile(metrics_file) and os.path.getsize(metrics_file):
-        raise HvdtrainError(f"log directory {run_dir} already holds the metrics of another run (metrics.jsonl); "
-                            f"pass --resume to continue that run, or choose another --log-dir")
     return manager
 
 
@@ -357,7 +358,8 @@ def _open_checkpoints(config: Config, run_dir: str, ckpt_dir: str, model, optimi
     the checkpoint's: a resumed run continues the same sequence of global batches, so these
     cannot change.
     """
-    manager = open_run_dir(config, run_dir, ckpt_dir, model, optimizer, fresh=not config.checkpoint.resume)
+    resume = config.checkpoint.resume
+    manager = open_run_dir(config, run_dir, ckpt_dir, model, optimizer, fresh=not resume, must_exist=resume)
     if not config.checkpoint.resume:
         return manager, (0, 0, None)
     latest, meta = manager.restore_latest()
@@ -373,11 +375,13 @@ def _open_checkpoints(config: Config, run_dir: str, ckpt_dir: str, model, optimi
 
 def _changed_settings(config: Config, saved: Optional[dict]) -> List[str]:
     """The settings of ``config`` that differ from the checkpointed run's ``saved`` config, as
-    ``"key: <now> here, <then> there"``, leaving out where files go and how the run is shown or
-    placed (directories, progress, threads, stall timeout), which do not change the training."""
+    ``"key: <now> here, <then> there"``, leaving out what does not change the training: where
+    files are (directories; other data is refused by :func:`check_resumable`), how the run is shown
+    or placed (progress, threads, stall timeout) and the evaluation batch."""
     if not saved:
         return []
-    ignored = {"checkpoint": ("dir", "resume"), "log": ("dir", "progress", "log_every"), "runtime": None}
+    ignored = {"checkpoint": ("dir", "resume"), "log": ("dir", "progress", "log_every"), "runtime": None,
+               "data": ("data_dir", "eval_batch_size")}
     ours, theirs = config.to_dict(), dict(saved)
     for section, keys in ignored.items():
         for side in (ours, theirs):
@@ -462,6 +466,7 @@ def run(config: Config) -> dict:
                            stall_timeout=config.runtime.stall_timeout, elastic=config.elastic.enabled)
     callbacks: List[cbs.Callback] = []
     watchdog = Watchdog(ctx.rank, config.runtime.stall_timeout)
+    run_dir = None
     try:
         # From here on a rank left waiting for a stalled or unreachable peer -- in a start-up
         # collective or in training -- aborts after --stall-timeout instead of hanging.
@@ -553,6 +558,9 @@ def run(config: Config) -> dict:
         return metrics
     except PeerFailure:
         raise
+    except KeyboardInterrupt as e:  # Ctrl-C: hvdtrain.cli says where the run can be resumed from
+        e.run_dir = run_dir
+        raise
     except Exception as e:  # noqa: BLE001
         if getattr(e, "on_every_rank", False):
             # Raised alike on every rank: the rank 0 of now prints it (an elastic job's rank 0
@@ -573,5 +581,7 @@ def run(config: Config) -> dict:
         watchdog.close()
         for cb in callbacks:
             cb.close()
-        if not getattr(sys.exc_info()[1], "skip_horovod_shutdown", False):
+        error = sys.exc_info()[1]
+        # Not after Ctrl-C either: Horovod's shutdown would wait for peers that may still be running.
+        if not isinstance(error, KeyboardInterrupt) and not getattr(error, "skip_horovod_shutdown", False):
             ctx.close()

@@ -120,7 +120,7 @@ CASES = [
     ("model function returns no model", lambda t, r: [*SYNTHETIC, "--model", "tests.models:not_a_model"],
      "returned str, not a tf.keras.Model"),
     ("unwritable log directory", lambda t, r: [*SYNTHETIC, *MLP, "--log-dir", blocked(t)], "is not writable"),
-    ("unwritable checkpoint directory", lambda t, r: [*SYNTHETIC, *MLP, "--log-dir", str(t / "run"),
+    ("unwritable checkpoint directory", lambda t, r: [*SYNTHETIC, *MLP, "--log-dir", str(t / "new-run"),
                                                       "--checkpoint-dir", blocked(t)], "is not writable"),
     ("a new run into a log directory with another run's metrics",  # the earlier run below sits in t / "run"
      lambda t, r: [*SYNTHETIC, *MLP, "--log-dir", str(t / "run"), "--checkpoint-dir", str(t / "elsewhere")],

@@ -54,7 +54,7 @@ def close(derived: float, printed: float, rel: float = 5e-3, abs_: float = 2e-3)
 
 
 def test_scaling_efficiency_is_total_over_np_times_one_rank(tmp_path):
-    out = script("scaling.py", "--models", "cnn", "--warmup-batches", "1", "--iters", "2",
+    out = script("scaling.py", "--models", "cnn", "--max-np", "2", "--warmup-batches", "1", "--iters", "2",
                  "--batches-per-iter", "1", "--repeats", "1", *TINY, "--plot", str(tmp_path / "p.png"),
                  tmp_path=tmp_path)
     (table,) = tables(out)
@@ -117,8 +117,8 @@ def test_bn_overhead_at_two_ranks(tmp_path):
     (row,) = table
     assert row["model"] == "seed CNN"
     local, ours, horovods = (number(row[c]) for c in ("local BN ms", "hvdtrain ms", "Horovod's ms"))
-    assert close(ours / local, number(row["hvdtrain / local"]))
-    assert close(ours / horovods, number(row["hvdtrain / Horovod's"]))
+    assert close(ours / local, number(row["hvdtrain / local"]), rel=0.01)  # step times printed to 0.01 ms
+    assert close(ours / horovods, number(row["hvdtrain / Horovod's"]), rel=0.01)
     assert "np=2" in out
     assert_png(tmp_path / "p.png")
 

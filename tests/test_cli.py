@@ -80,7 +80,8 @@ def test_ctrl_c_prints_one_line_and_keeps_the_checkpoints(tmp_path):
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130
-    assert err.count("hvdtrain: interrupted; the checkpoints written so far are complete") == 1
+    assert err.count("hvdtrain: interrupted; the checkpoints written so far are complete: rerun the same command "
+                     f"with --resume --log-dir {tmp_path} to continue") == 1
     assert "Traceback" not in err
     resumed = hvdtrain(1, [*FAST, "--epochs", "1", "--log-dir", str(tmp_path), "--resume"], launcher="single")
     assert "no epoch left to train of 1 (evaluation only)" in resumed.stdout

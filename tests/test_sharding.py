@@ -65,6 +65,10 @@ def test_resizing_mid_epoch_covers_the_rest_once(n, before, after, batch, steps_
     position = old[0].examples_before(steps_before)
     new = [ShardPlan(n, batch, after, r, seed=5) for r in range(after)]
     rest = [list(p.epoch(1, first_example=position)) for p in new]
+    # Trainer.fit asks for the start step first and passes it back: the same steps must come.
+    as_fit = [list(p.epoch(1, p.start_step(0, position), position)) for p in new]
+    assert [[(s, idx.tolist(), g) for s, idx, g in steps] for steps in as_fit] == \
+        [[(s, idx.tolist(), g) for s, idx, g in steps] for steps in rest]
     assert len({len(steps) for steps in rest}) == 1, "every rank runs the same number of steps"
     for i, (step, _, global_count) in enumerate(rest[0]):
         assert global_count == sum(len(steps[i][1]) for steps in rest)
