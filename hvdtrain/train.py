@@ -360,7 +360,7 @@ def _open_checkpoints(config: Config, run_dir: str, ckpt_dir: str, model, optimi
     """
     resume = config.checkpoint.resume
     manager = open_run_dir(config, run_dir, ckpt_dir, model, optimizer, fresh=not resume, must_exist=resume)
-    if not config.checkpoint.resume:
+    if not resume:
         return manager, (0, 0, None)
     latest, meta = manager.restore_latest()
     if meta.get("elastic"):
