@@ -38,7 +38,8 @@ class Callback:
 
 
 class ProgressBar(Callback):
-    """A tqdm bar per epoch with the global running loss and accuracy."""
+    """A tqdm bar per epoch with the global running loss and accuracy, shown only when stderr is
+    a terminal: under a launcher or in a batch job's log its redraws would pile up as lines."""
 
     def __init__(self):
         self._bar = None
@@ -47,7 +48,7 @@ class ProgressBar(Callback):
         from tqdm import tqdm
 
         self._bar = tqdm(total=steps, initial=first_step, desc=f"epoch {epoch + 1}", unit="step", leave=False,
-                         file=sys.stderr, dynamic_ncols=True, mininterval=1.0)
+                         file=sys.stderr, dynamic_ncols=True, mininterval=1.0, disable=None)
 
     def on_step_end(self, epoch, step, running):
         self._bar.update(1)

@@ -16,9 +16,11 @@ from hvdtrain.config import (DATASETS, LR_SCHEDULES, CheckpointConfig, Config, D
                              ModelConfig, OptimConfig, RuntimeConfig)
 from hvdtrain.dist import PeerFailure, PeerLost, is_peer_loss, launcher_rank
 from hvdtrain.errors import HvdtrainError
+from hvdtrain.stop import Terminated, defer_sigterm, install_sigterm_handler, restore_default_sigterm
 
 EXIT_ERROR = 2
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a process ended by Ctrl-C
+EXIT_TERMINATED = 143  # 128 + SIGTERM: what launchers send on Ctrl-C, and schedulers on scancel or preemption
 QUIET_EXIT_DELAY_S = 2.0
 
 
@@ -88,7 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also checkpoint every this many steps within an epoch (0: at the end of epochs only); "
                         "--resume continues from the exact step")
     g.add_argument("--log-every", type=int, default=d.log.log_every, help="steps between exact running metrics")
-    g.add_argument("--no-progress", action="store_true", help="no progress bar (one line per epoch only)")
+    g.add_argument("--no-progress", action="store_true", help="no progress bar (one line per epoch only; the bar shows only when stderr is a terminal)")
 
     g = p.add_argument_group("runtime")
     g.add_argument("--threads", type=int, default=d.runtime.threads,
@@ -133,53 +135,78 @@ def config_from_args(argv: Optional[List[str]] = None) -> Config:
 
 def main(argv: Optional[List[str]] = None) -> int:
     """Entry point. Returns the process exit status: 0, or 2 for any error on any rank; exits with 130
-    on Ctrl-C (and the watchdog with 3 on a stall)."""
+    on Ctrl-C, 143 on SIGTERM (and the watchdog with 3 on a stall)."""
     try:
         config = config_from_args(argv)
         from hvdtrain.train import run  # imports TensorFlow: after argument checks, so --help is fast
 
+        install_sigterm_handler()  # launchers pass Ctrl-C on as SIGTERM, as Slurm does on scancel
         run(config)
+        defer_sigterm()
         return 0
-    except HvdtrainError as e:
+    except SystemExit:
+        raise  # argparse: --help, or a usage error it has printed
+    except BaseException as e:  # noqa: BLE001
+        defer_sigterm()  # a SIGTERM now must not replace the error being reported
+        status = _exit_status(e)
+        if status is None:
+            raise
+        return status
+
+
+def _exit_status(e: BaseException) -> Optional[int]:
+    """Report ``e`` on the rank that should (once per job) and return this rank's exit status, or
+    None to re-raise it; exit at once where Horovod's shutdown at exit would wait for peers that
+    are gone or busy.
+
+    Args:
+        e: what :func:`hvdtrain.train.run` (or the parsing before it) raised on this rank.
+    """
+    if isinstance(e, KeyboardInterrupt):  # Ctrl-C, or SIGTERM (hvdtrain.stop)
+        _exit_interrupted(getattr(e, "run_dir", None), terminated=isinstance(e, Terminated))
+    restore_default_sigterm()  # as before the run: a launcher's SIGTERM ends a rank stuck in shutdown
+    if isinstance(e, HvdtrainError):
         alone = getattr(e, "skip_horovod_shutdown", False)  # raised on this rank only (hvdtrain.train.run)
         report = getattr(e, "report", None)  # set for errors raised on every rank (hvdtrain.train.run)
         if report is None:
             report = launcher_rank() == 0 or getattr(e, "rank_found", False) or alone
-        if report:
-            print(f"hvdtrain: error: {e}", file=sys.stderr, flush=True)
-            if alone:
-                os._exit(EXIT_ERROR)  # without Horovod's shutdown at exit, which would wait for the peers
-            return EXIT_ERROR
+        if not report:
+            return _quiet_exit()
+        print(f"hvdtrain: error: {e}", file=sys.stderr, flush=True)
+        if alone:
+            os._exit(EXIT_ERROR)  # without Horovod's shutdown at exit, which would wait for the peers
+        return EXIT_ERROR
+    if isinstance(e, PeerFailure):
         return _quiet_exit()
-    except KeyboardInterrupt as e:
-        run_dir = getattr(e, "run_dir", None)
-        if launcher_rank() == 0:
-            resume = (f"rerun the same command with --resume --log-dir {run_dir} to continue from the last one"
-                      if run_dir else "nothing was written yet")
-            print(f"hvdtrain: interrupted; the checkpoints written so far are complete: {resume}",
-                  file=sys.stderr, flush=True)
-        os._exit(EXIT_INTERRUPTED)  # without Horovod's shutdown at exit, which would wait for the peers
-    except PeerFailure:
-        return _quiet_exit()
-    except PeerLost as e:
+    if isinstance(e, PeerLost):
         if not e.report:
             return _quiet_exit()
         print(f"hvdtrain: error: {e}", file=sys.stderr, flush=True)
         return EXIT_ERROR
-    except Exception as e:  # noqa: BLE001
-        if getattr(e, "skip_horovod_shutdown", False):
-            # This rank's own failure: its traceback is the message. Exit without Horovod's
-            # shutdown (at exit), which would wait for the peers; they see this rank go at once.
-            traceback.print_exc()
-            sys.stderr.flush()
-            os._exit(EXIT_ERROR)
-        if not is_peer_loss(e):
-            raise
-        if launcher_rank() != 0:  # lost before the watchdog could be asked (start-up)
-            return _quiet_exit()
-        print("hvdtrain: error: another rank failed or was lost, so Horovod shut down. The launcher names the "
-              "rank that failed first.", file=sys.stderr, flush=True)
-        return EXIT_ERROR
+    if getattr(e, "skip_horovod_shutdown", False):
+        # This rank's own failure: its traceback is the message. Exit without Horovod's shutdown
+        # (at exit), which would wait for the peers; they see this rank go at once.
+        traceback.print_exception(type(e), e, e.__traceback__)
+        sys.stderr.flush()
+        os._exit(EXIT_ERROR)
+    if not is_peer_loss(e):
+        return None
+    if launcher_rank() != 0:  # lost before the watchdog could be asked (start-up)
+        return _quiet_exit()
+    print("hvdtrain: error: another rank failed or was lost, so Horovod shut down. The launcher names the "
+          "rank that failed first.", file=sys.stderr, flush=True)
+    return EXIT_ERROR
+
+
+def _exit_interrupted(run_dir: Optional[str], terminated: bool) -> None:
+    """Ctrl-C or SIGTERM: rank 0 says where the run can be resumed from; every rank exits at once,
+    without Horovod's shutdown at exit, which would wait for the peers."""
+    if launcher_rank() == 0:
+        how = "stopped by SIGTERM (a launcher's Ctrl-C, or the scheduler)" if terminated else "interrupted"
+        resume = (f"rerun the same command with --resume --log-dir {run_dir} to continue from the last one"
+                  if run_dir else "nothing was written yet")
+        print(f"hvdtrain: {how}; the checkpoints written so far are complete: {resume}", file=sys.stderr, flush=True)
+    os._exit(EXIT_TERMINATED if terminated else EXIT_INTERRUPTED)
 
 
 def _quiet_exit() -> int:

@@ -127,7 +127,7 @@ class LogConfig:
         dir: run directory for metrics.jsonl, TensorBoard logs and (by default) checkpoints; None
             makes ``runs/<date>-<time>``.
         log_every: steps between exact global running metrics (one small allreduce each).
-        progress: show a tqdm progress bar per epoch.
+        progress: show a tqdm progress bar per epoch (when stderr is a terminal).
     """
 
     dir: Optional[str] = None

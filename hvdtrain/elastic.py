@@ -120,18 +120,26 @@ def _peer_loss_as_reset():
 
 
 def _resume(config: Config, model, optimizer, fingerprint: dict) -> dict:
-    """Rank 0: restore the latest checkpoint into ``model`` and ``optimizer``; return its position.
+    """Rank 0: restore the latest checkpoint into ``model`` and ``optimizer``; return its position
+    (the start, if the checkpoint directory holds none yet).
 
     The position is in examples, so the job may resume at any world size (but not with another
     local batch, seed or data).
 
     Raises:
-        HvdtrainError: no checkpoint, an unreadable one, or one of another model, local batch,
-            seed or data.
+        HvdtrainError: no checkpoint directory, an unreadable checkpoint, or one of another model,
+            local batch, seed or data; no checkpoint, though the run's metrics record more than
+            one epoch.
     """
     ckpt_dir = config.checkpoint.dir or os.path.join(config.log.dir, "checkpoints")
     require_checkpoint_dir(ckpt_dir)
-    latest, meta = CheckpointManager(ckpt_dir, model, optimizer, keep=config.checkpoint.keep).restore_latest()
+    manager = CheckpointManager(ckpt_dir, model, optimizer, keep=config.checkpoint.keep)
+    if manager.latest() is None:
+        from hvdtrain.train import start_without_checkpoint  # (hvdtrain.train imports this module)
+
+        start_without_checkpoint(ckpt_dir, config.log.dir)
+        return {"epoch": 0, "example": 0, "epoch_sums": None}
+    latest, meta = manager.restore_latest()
     check_resumable(latest, meta, {"batch_size": config.batch_size, "seed": config.seed, "data": fingerprint})
     num_examples = fingerprint["train_examples"]
     step = int(meta.get("step_in_epoch", 0))

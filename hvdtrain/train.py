@@ -4,6 +4,7 @@
 """
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
@@ -22,6 +23,7 @@ from hvdtrain.errors import HvdtrainError, describe_differences
 from hvdtrain.models import build_model
 from hvdtrain.optim import build_optimizer
 from hvdtrain.sharding import ShardPlan, eval_shard
+from hvdtrain.stop import Terminated, defer_sigterm, sigterm_received
 from hvdtrain.watchdog import Watchdog, in_collective
 
 
@@ -352,7 +354,8 @@ def _check_accumulation_fits_epochs(plan: ShardPlan, passes: int) -> None:
 
 def _open_checkpoints(config: Config, run_dir: str, ckpt_dir: str, model, optimizer, layout: dict):
     """Rank 0: the checkpoint manager and where to start, ``(manager, (epoch, step, sums))``,
-    restoring the latest checkpoint if ``--resume``.
+    restoring the latest checkpoint if ``--resume`` (from the beginning if the checkpoint directory
+    exists but holds none yet).
 
     ``layout`` (world size, local batch, steps per epoch, seed, the data's fingerprint) must match
     the checkpoint's: a resumed run continues the same sequence of global batches, so these
@@ -361,6 +364,9 @@ def _open_checkpoints(config: Config, run_dir: str, ckpt_dir: str, model, optimi
     resume = config.checkpoint.resume
     manager = open_run_dir(config, run_dir, ckpt_dir, model, optimizer, fresh=not resume, must_exist=resume)
     if not resume:
+        return manager, (0, 0, None)
+    if manager.latest() is None:
+        start_without_checkpoint(ckpt_dir, run_dir)
         return manager, (0, 0, None)
     latest, meta = manager.restore_latest()
     if meta.get("elastic"):
@@ -371,6 +377,32 @@ def _open_checkpoints(config: Config, run_dir: str, ckpt_dir: str, model, optimi
     if changed:  # allowed (a longer run, a lower rate), but the run is no longer the one checkpointed
         print(f"--resume: settings changed since {os.path.basename(latest)}: {'; '.join(changed)}", flush=True)
     return manager, (int(meta["epoch"]), int(meta.get("step_in_epoch", 0)), meta.get("epoch_sums"))
+
+
+def start_without_checkpoint(ckpt_dir: str, run_dir: Optional[str]) -> None:
+    """Rank 0, ``--resume`` with a checkpoint directory that holds no checkpoint: the run stopped
+    before its first save (what a requeued job meets), so it starts from the beginning -- unless
+    its ``metrics.jsonl`` records more than one finished epoch: then its checkpoints were removed,
+    and starting over would overwrite its metrics. (One epoch may be logged without its checkpoint,
+    by a stop between the two.)
+
+    Raises:
+        HvdtrainError: if ``run_dir``'s metrics record an epoch after the first.
+    """
+    epochs = 0
+    metrics_file = os.path.join(run_dir, "metrics.jsonl") if run_dir else ""
+    if os.path.isfile(metrics_file):
+        with open(metrics_file) as f:
+            for line in f:
+                try:
+                    epochs = max(epochs, int(json.loads(line).get("epoch", 0)))
+                except (ValueError, TypeError, AttributeError):  # a line cut short by a crash
+                    continue
+    if epochs > 1:
+        raise HvdtrainError(f"--resume: no checkpoint in {ckpt_dir}, but {metrics_file} records {epochs} epochs: "
+                            f"that run's checkpoints were removed; choose another --log-dir to start over")
+    print(f"--resume: no checkpoint in {ckpt_dir} yet (the run stopped before its first save); "
+          f"starting from the beginning", flush=True)
 
 
 def _changed_settings(config: Config, saved: Optional[dict]) -> List[str]:
@@ -444,15 +476,37 @@ def broadcast_state(ctx: DistContext, model: tf.keras.Model, optimizer) -> None:
         hvd.broadcast_variables(model.variables + list(optimizer.variables), root_rank=0)
 
 
-def _peer_lost(ctx: DistContext, watchdog: Watchdog) -> PeerLost:
-    """The error for a collective that failed because a peer went away, naming it when known."""
-    failed, lost = watchdog.lost_peers()
+def _peer_lost(ctx: DistContext, watchdog: Watchdog) -> BaseException:
+    """The error for a collective that failed because a peer went away, naming it when known:
+    :class:`PeerLost`, or :class:`Terminated` if the peer was stopped on purpose (a launcher
+    passing Ctrl-C on, a scheduler's SIGTERM: this rank's own comes next)."""
+    failed, lost, stopped = watchdog.lost_peers()
     if failed:  # that rank printed its own error
         return PeerLost(f"rank(s) {sorted(failed)} failed: {'; '.join(failed.values())}", report=False)
+    if stopped and not lost:
+        return Terminated()
     who = f"rank {', '.join(map(str, lost))} was lost" if lost else "another rank failed or was lost"
     report = ctx.is_chief or (0 in lost and ctx.rank == 1)
     return PeerLost(f"{who} mid-training (its process ended or became unreachable), so Horovod shut down on "
                     f"every rank. Resume from the last checkpoint with --resume.", report=report)
+
+
+def _stopped(ctx: DistContext, watchdog: Watchdog, interrupt: KeyboardInterrupt) -> BaseException:
+    """Ctrl-C or SIGTERM on this rank: the peers learn that it stops on purpose.
+
+    A launcher also sends SIGTERM to the other ranks when one rank dies or fails, so that rank is
+    named (:func:`_peer_lost`) instead of the stop: at once when it failed with its own error or
+    its process on this host has ended, after :meth:`Watchdog.lost_peers`' wait of heartbeat
+    silence for another host.
+
+    Returns:
+        What to raise: ``interrupt``, or the :class:`PeerLost` naming the failed or lost rank.
+    """
+    if ctx.size == 1:
+        return interrupt
+    watchdog.report_stopped()
+    failed, lost, _ = watchdog.lost_peers()
+    return _peer_lost(ctx, watchdog) if failed or lost else interrupt
 
 
 def run(config: Config) -> dict:
@@ -460,13 +514,17 @@ def run(config: Config) -> dict:
 
     Raises:
         HvdtrainError: on every rank (printed once) for bad data, model, directories or checkpoints.
+        PeerLost: when another rank failed or was lost mid-training (naming it where known).
+        KeyboardInterrupt: on Ctrl-C; :class:`hvdtrain.stop.Terminated` on SIGTERM, once
+            :func:`hvdtrain.stop.install_sigterm_handler` was called. Either carries ``run_dir``,
+            the run directory to resume from, or None if no checkpoint directory exists yet.
     """
     # 1. Init and pin: Horovod up, this process on its own GPU or its own CPU cores.
     ctx = init_distributed(threads=config.runtime.threads, use_gpu=not config.runtime.cpu,
                            stall_timeout=config.runtime.stall_timeout, elastic=config.elastic.enabled)
     callbacks: List[cbs.Callback] = []
     watchdog = Watchdog(ctx.rank, config.runtime.stall_timeout)
-    run_dir = None
+    run_dir = ckpt_dir = None
     try:
         # From here on a rank left waiting for a stalled or unreachable peer -- in a start-up
         # collective or in training -- aborts after --stall-timeout instead of hanging.
@@ -511,6 +569,8 @@ def run(config: Config) -> dict:
 
         if config.elastic.enabled:
             # Steps 5-8, re-run whenever workers leave or join (hvdtrain.elastic).
+            run_dir = config.log.dir
+            ckpt_dir = config.checkpoint.dir or (os.path.join(run_dir, "checkpoints") if run_dir else None)
             return train_elastic(config, ctx, dataset, fingerprint, model, optimizer, watchdog)
 
         # 5. Run directory and checkpoints (rank 0 only writes), restored state on resume.
@@ -557,11 +617,15 @@ def run(config: Config) -> dict:
             print(f"test loss {metrics['test_loss']:.4f} acc {metrics['test_accuracy']:.4f}", flush=True)
         return metrics
     except PeerFailure:
+        defer_sigterm()  # from here on, while this rank reports how it ends, SIGTERM is only recorded
         raise
-    except KeyboardInterrupt as e:  # Ctrl-C: hvdtrain.cli says where the run can be resumed from
-        e.run_dir = run_dir
-        raise
+    except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (hvdtrain.stop)
+        defer_sigterm()
+        raise _stopped(ctx, watchdog, e)
     except Exception as e:  # noqa: BLE001
+        defer_sigterm()
+        if sigterm_received():  # the handler's exception may have replaced TensorFlow's own mid-flight
+            raise _stopped(ctx, watchdog, Terminated()) from e
         if getattr(e, "on_every_rank", False):
             # Raised alike on every rank: the rank 0 of now prints it (an elastic job's rank 0
             # may be another process than the one the launcher started as rank 0).
@@ -578,10 +642,13 @@ def run(config: Config) -> dict:
             e.skip_horovod_shutdown = True
         raise
     finally:
+        error = sys.exc_info()[1]
+        if error is not None:  # after Ctrl-C or SIGTERM, hvdtrain.cli says where the run can be resumed from
+            defer_sigterm()
+            error.run_dir = run_dir if ckpt_dir and os.path.isdir(ckpt_dir) else None
         watchdog.close()
         for cb in callbacks:
             cb.close()
-        error = sys.exc_info()[1]
         # Not after Ctrl-C either: Horovod's shutdown would wait for peers that may still be running.
         if not isinstance(error, KeyboardInterrupt) and not getattr(error, "skip_horovod_shutdown", False):
             ctx.close()

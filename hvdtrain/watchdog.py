@@ -52,6 +52,7 @@ def in_collective(name: str):
 
 
 _FAILED = "FAILED: "
+_STOPPED = "STOPPED"
 
 
 def _host_id() -> str:
@@ -117,6 +118,7 @@ class Watchdog:
         self._heard: Dict[int, Tuple[float, str, str]] = {}  # rank -> (when heard, last progress, collective)
         self._local_pids: Dict[int, int] = {}
         self._failed = ""
+        self._stopped = False
         self._ever_heard: set = set()
 
     def arm(self, where: str) -> None:
@@ -181,13 +183,22 @@ class Watchdog:
         self._failed = summary
         self._exchange()
 
-    def lost_peers(self, wait_s: float = 1.5) -> Tuple[Dict[int, str], List[int]]:
-        """After a collective failed because a peer went away: ``(failed, lost)``.
+    def report_stopped(self) -> None:
+        """Tell the peers this rank is stopping on purpose (Ctrl-C, SIGTERM): neither failed nor lost."""
+        self._stopped = True
+        self._exchange()
 
-        ``failed`` maps the peers that reported an error of their own to its summary; ``lost``
-        lists the peers whose process has ended (known at once on this host) or whose heartbeats
-        stopped (``wait_s`` seconds of silence, for other hosts). Rank 0 knows of every rank, the
-        other ranks of rank 0 only.
+    def lost_peers(self, wait_s: float = 1.5) -> Tuple[Dict[int, str], List[int], List[int]]:
+        """After a collective failed because a peer went away, or this rank was stopped:
+        ``(failed, lost, stopped)``.
+
+        ``failed`` maps the peers that reported an error of their own to its summary; ``stopped``
+        lists the peers that reported being stopped on purpose (:meth:`report_stopped`); ``lost``
+        lists the others whose process has ended (known at once on this host) or whose heartbeats
+        stopped (``wait_s`` seconds of silence, for other hosts). Returns as soon as a peer failed
+        or was lost, or every peer stopped; else after ``wait_s``, so that a peer on another host
+        that died while the others were being stopped is still found. Rank 0 knows of every rank,
+        the other ranks of rank 0 only.
         """
         deadline = time.monotonic() + wait_s
         while True:
@@ -195,11 +206,13 @@ class Watchdog:
             now = time.monotonic()
             heard = list(self._heard.items())
             failed = {r: collective[len(_FAILED):] for r, (_, _, collective) in heard if collective.startswith(_FAILED)}
+            stopped = sorted(r for r, (_, _, collective) in heard if collective == _STOPPED)
             lost = sorted(r for r, (when, _, _) in heard
-                          if r not in failed and (not _process_alive(self._local_pids[r]) if r in self._local_pids
-                                                  else r in self._ever_heard and now - when > wait_s))
-            if failed or lost or now >= deadline or not self._heard:
-                return failed, lost
+                          if r not in failed and r not in stopped
+                          and (not _process_alive(self._local_pids[r]) if r in self._local_pids
+                               else r in self._ever_heard and now - when > wait_s))
+            if failed or lost or len(stopped) == len(heard) or now >= deadline:
+                return failed, lost, stopped
             time.sleep(0.1)
 
     # ---- the watchdog thread ----------------------------------------------------------------------
@@ -208,7 +221,7 @@ class Watchdog:
         sock = self._sock
         if sock is None:
             return
-        state = _FAILED + self._failed if self._failed else (_collective or "")
+        state = _FAILED + self._failed if self._failed else _STOPPED if self._stopped else (_collective or "")
         fields = [self._token, str(self.rank), _one_line(self._where), _one_line(state)]
         message = "\t".join(fields).encode()[:1400]
         for target in self._targets:

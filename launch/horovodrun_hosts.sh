@@ -17,6 +17,10 @@
 # Horovod 0.28.1 note: Gloo's process-set connections bind to the address that each host's hostname
 # resolves to, whatever --network-interfaces says, so hostnames must resolve to routable addresses.
 set -euo pipefail
+if [[ -n "${HOSTFILE:-}" ]]; then
+  [[ -f "$HOSTFILE" ]] || { echo "$0: no hostfile $HOSTFILE (from $PWD)" >&2; exit 2; }
+  HOSTFILE=$(realpath "$HOSTFILE")  # before the cd below: relative to where you run this
+fi
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 VENV=${VENV:-$PWD/.venv}
 if [[ -n "${HOSTFILE:-}" ]]; then

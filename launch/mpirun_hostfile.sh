@@ -17,8 +17,10 @@
 # -bind-to none -map-by slot: hvdtrain pins each rank to its GPU (local rank) and to its own share
 # of the host's cores itself; -x exports the environment each rank needs to every host.
 set -euo pipefail
-cd "$(dirname "${BASH_SOURCE[0]}")/.."
 : "${HOSTFILE:?set HOSTFILE to a hostfile (see launch/hostfile.example)}"
+[[ -f "$HOSTFILE" ]] || { echo "$0: no hostfile $HOSTFILE (from $PWD)" >&2; exit 2; }
+HOSTFILE=$(realpath "$HOSTFILE")  # before the cd below: relative to where you run this
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
 VENV=${VENV:-$PWD/.venv}
 NP=${NP:-$(awk '{for (i = 1; i <= NF; i++) if ($i ~ /^slots=/) {split($i, s, "="); n += s[2]}} END {print n}' "$HOSTFILE")}
 opts=(-np "$NP" --hostfile "$HOSTFILE" -bind-to none -map-by slot --allow-run-as-root)

@@ -106,10 +106,23 @@ def test_error_on_one_rank_mid_training_is_printed_once(tmp_path):
     assert out.count("corrupt record in the shard of rank 1") >= 1, out[-3000:]
     assert re.findall(r"\[(\d+)\]<stderr>:Traceback", out) == ["1"], out[-5000:]  # rank 1's own, once
     assert not re.search(r"\[0\]<stderr>:.*hvdtrain: error", out), out[-3000:]  # rank 0 stays quiet
+    assert "hvdtrain: stopped by SIGTERM" not in out, out[-3000:]  # though horovodrun sends it SIGTERM
 
 
 def test_killed_rank_ends_the_job_with_one_clear_message(tmp_path):
+    """Rank 1 killed mid-training: rank 0 names it, though horovodrun sends it SIGTERM as it would
+    for Ctrl-C (rank 0 tells a lost peer from one that was stopped by their heartbeats)."""
     rc, seconds, out = start_then(signal.SIGKILL, "gloo", tmp_path)
     assert rc != 0 and seconds < 30, f"rc {rc} after {seconds:.0f} s"
     assert out.count("hvdtrain: error: rank 1 was lost mid-training") == 1, out[-3000:]
+    assert "hvdtrain: stopped by SIGTERM" not in out, out[-3000:]
     assert not re.search(r"\[\d+\]<stderr>:Traceback", out), "a rank printed a traceback"
+
+
+def test_killed_rank_under_mpirun_ends_the_job(tmp_path):
+    """Under mpirun rank 0 waits in a shared-memory collective that never returns, so mpirun ends
+    it and names the dead rank; hvdtrain adds nothing misleading, and nothing hangs."""
+    rc, seconds, out = start_then(signal.SIGKILL, "mpirun", tmp_path)
+    assert rc != 0 and seconds < 30, f"rc {rc} after {seconds:.0f} s"
+    assert re.search(r"process rank 1 .* exited on signal 9", out), out[-3000:]
+    assert "hvdtrain: stopped by SIGTERM" not in out and "Traceback" not in out, out[-3000:]

@@ -1,0 +1,59 @@
+"""Stopping a run on purpose: Ctrl-C (SIGINT) and SIGTERM.
+
+``mpirun`` and ``horovodrun`` pass Ctrl-C on to the ranks as SIGTERM, one rank after another, and
+they also send it to the other ranks when one rank dies; Slurm sends it on ``scancel`` and before
+preemption. Python's default for SIGTERM is to die at once, silently. :func:`install_sigterm_handler`
+makes it raise :class:`Terminated` in the main thread instead, so a run stops as on Ctrl-C: its
+``finally`` blocks close the logs, rank 0 says where the run can be resumed from, and no checkpoint
+is half-written (a save appears only by rename, :mod:`hvdtrain.checkpoint`).
+
+Only the first SIGTERM raises, and only while the run is running: once a rank handles an error or
+a stop (:func:`defer_sigterm`), a SIGTERM is merely recorded, so that it cannot replace the error
+being reported or cut the message short. Launchers follow up with SIGKILL anyway.
+"""
+from __future__ import annotations
+
+import signal
+
+
+class Terminated(KeyboardInterrupt):
+    """Raised in the main thread by SIGTERM (after :func:`install_sigterm_handler`)."""
+
+
+_received = False
+_raise = True
+
+
+def _on_sigterm(signum, frame):
+    global _received, _raise
+    _received = True
+    if _raise:
+        _raise = False
+        raise Terminated()
+
+
+def install_sigterm_handler() -> None:
+    """From now on the first SIGTERM raises :class:`Terminated` in the main thread.
+
+    Raises:
+        ValueError: if called from another thread than the main thread (Python's rule for signals).
+    """
+    signal.signal(signal.SIGTERM, _on_sigterm)
+
+
+def defer_sigterm() -> None:
+    """From now on SIGTERM is only recorded (:func:`sigterm_received`), never raised: for code that
+    reports how a rank ends, and after the run has finished."""
+    global _raise
+    _raise = False
+
+
+def restore_default_sigterm() -> None:
+    """SIGTERM ends the process again, as without hvdtrain: for a rank leaving through Horovod's
+    shutdown at exit, which a launcher's SIGTERM must still be able to end."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def sigterm_received() -> bool:
+    """Returns whether SIGTERM has arrived (raised or only recorded)."""
+    return _received
