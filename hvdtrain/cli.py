@@ -161,6 +161,11 @@ def _exit_status(e: BaseException) -> Optional[int]:
 
     Args:
         e: what :func:`hvdtrain.train.run` (or the parsing before it) raised on this rank.
+
+    Returns:
+        The exit status (2, after a 2 s pause on ranks that leave the message to another), or
+        None for an error that is not hvdtrain's to report. Ctrl-C and SIGTERM exit at once
+        with 130 and 143 instead of returning.
     """
     if isinstance(e, KeyboardInterrupt):  # Ctrl-C, or SIGTERM (hvdtrain.stop)
         _exit_interrupted(getattr(e, "run_dir", None), terminated=isinstance(e, Terminated))
