@@ -81,12 +81,14 @@ def test_a_stopped_run_prints_one_line_and_keeps_the_checkpoints(tmp_path, launc
     traceback from any rank, non-zero status (130 / 143 for a single process), and the run resumes
     from that checkpoint."""
     np_ = 1 if launcher == "single" else 2
-    args = ["-m", "hvdtrain", *FAST, "--epochs", "50", "--log-dir", str(tmp_path)]
+    # Epochs of this model take 0.15 s: enough of them that the run is still going when the
+    # signal comes, however slowly this test gets to send it.
+    args = ["-m", "hvdtrain", *FAST, "--epochs", "100000", "--log-dir", str(tmp_path)]
     proc = subprocess.Popen(command(np_, args, launcher), cwd=REPO, env=rank_env(), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         for line in proc.stdout:  # horovodrun prefixes each line with the rank
-            if "epoch   1/50" in line:
+            if "epoch   1/100000" in line:
                 break
         while not list((tmp_path / "checkpoints").glob("ckpt-*")):
             assert proc.poll() is None
