@@ -16,7 +16,8 @@ from hvdtrain.config import (DATASETS, LR_SCHEDULES, CheckpointConfig, Config, D
                              ModelConfig, OptimConfig, RuntimeConfig)
 from hvdtrain.dist import PeerFailure, PeerLost, is_peer_loss, launcher_rank
 from hvdtrain.errors import HvdtrainError
-from hvdtrain.stop import Terminated, defer_sigterm, install_sigterm_handler, restore_default_sigterm
+from hvdtrain.stop import (Terminated, defer_sigterm, install_sigterm_handler, restore_default_sigterm,
+                           sigterm_received, stop_requested)
 
 EXIT_ERROR = 2
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a process ended by Ctrl-C
@@ -167,8 +168,11 @@ def _exit_status(e: BaseException) -> Optional[int]:
         None for an error that is not hvdtrain's to report. Ctrl-C and SIGTERM exit at once
         with 130 and 143 instead of returning.
     """
-    if isinstance(e, KeyboardInterrupt):  # Ctrl-C, or SIGTERM (hvdtrain.stop)
-        _exit_interrupted(getattr(e, "run_dir", None), terminated=isinstance(e, Terminated))
+    if isinstance(e, KeyboardInterrupt) or (stop_requested() and not isinstance(e, (HvdtrainError, PeerLost))):
+        # Ctrl-C or SIGTERM (hvdtrain.stop), also where it came out as another error (e.g. one raised
+        # while closing the logs after it, which then carries it as its context).
+        run_dir = getattr(e, "run_dir", None) or getattr(e.__context__, "run_dir", None)
+        _exit_interrupted(run_dir, terminated=isinstance(e, Terminated) or sigterm_received())
     restore_default_sigterm()  # as before the run: a launcher's SIGTERM ends a rank stuck in shutdown
     if isinstance(e, HvdtrainError):
         alone = getattr(e, "skip_horovod_shutdown", False)  # raised on this rank only (hvdtrain.train.run)

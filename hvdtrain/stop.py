@@ -21,6 +21,7 @@ class Terminated(KeyboardInterrupt):
 
 
 _received = False
+_interrupted = False
 _raise = True
 
 
@@ -32,13 +33,22 @@ def _on_sigterm(signum, frame):
         raise Terminated()
 
 
+def _on_sigint(signum, frame):
+    global _interrupted
+    _interrupted = True
+    if _raise:
+        raise KeyboardInterrupt()
+
+
 def install_sigterm_handler() -> None:
-    """From now on the first SIGTERM raises :class:`Terminated` in the main thread.
+    """From now on the first SIGTERM raises :class:`Terminated` in the main thread, and Ctrl-C
+    (SIGINT) raises ``KeyboardInterrupt`` as by default; both are recorded (:func:`stop_requested`).
 
     Raises:
         ValueError: if called from another thread than the main thread (Python's rule for signals).
     """
     signal.signal(signal.SIGTERM, _on_sigterm)
+    signal.signal(signal.SIGINT, _on_sigint)
 
 
 def defer_sigterm() -> None:
@@ -57,3 +67,15 @@ def restore_default_sigterm() -> None:
 def sigterm_received() -> bool:
     """Returns whether SIGTERM has arrived (raised or only recorded)."""
     return _received
+
+
+def stop_requested() -> bool:
+    """Returns whether SIGTERM or Ctrl-C has arrived. After either, whatever the run raises ends
+    it as that stop: the interrupt may have cut into TensorFlow (a save, an op's error) and come
+    out as another exception."""
+    return _received or _interrupted
+
+
+def stop_exception() -> KeyboardInterrupt:
+    """The exception that stands for the stop that arrived: :class:`Terminated` or ``KeyboardInterrupt``."""
+    return Terminated() if _received else KeyboardInterrupt()

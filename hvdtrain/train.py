@@ -23,7 +23,7 @@ from hvdtrain.errors import HvdtrainError, describe_differences
 from hvdtrain.models import build_model
 from hvdtrain.optim import build_optimizer
 from hvdtrain.sharding import ShardPlan, eval_shard
-from hvdtrain.stop import Terminated, defer_sigterm, sigterm_received
+from hvdtrain.stop import Terminated, defer_sigterm, stop_exception, stop_requested
 from hvdtrain.watchdog import Watchdog, in_collective
 
 
@@ -624,8 +624,8 @@ def run(config: Config) -> dict:
         raise _stopped(ctx, watchdog, e)
     except Exception as e:  # noqa: BLE001
         defer_sigterm()
-        if sigterm_received():  # the handler's exception may have replaced TensorFlow's own mid-flight
-            raise _stopped(ctx, watchdog, Terminated()) from e
+        if stop_requested():  # the interrupt may have cut into TensorFlow and come out as another error
+            raise _stopped(ctx, watchdog, stop_exception()) from e
         if getattr(e, "on_every_rank", False):
             # Raised alike on every rank: the rank 0 of now prints it (an elastic job's rank 0
             # may be another process than the one the launcher started as rank 0).

@@ -98,7 +98,7 @@ def test_a_stopped_run_prints_one_line_and_keeps_the_checkpoints(tmp_path, launc
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
-    assert proc.returncode == status if status else proc.returncode != 0
+    assert proc.returncode == status if status else proc.returncode != 0, (proc.returncode, err)
     # Under mpirun rank 0 may be waiting in a shared-memory collective when its peer stops, and
     # then never returns to Python to print before mpirun kills it.
     printed = err.count(f"hvdtrain: {what}; the checkpoints written so far are complete: rerun the same command "
@@ -106,7 +106,7 @@ def test_a_stopped_run_prints_one_line_and_keeps_the_checkpoints(tmp_path, launc
     assert printed == 1 or (launcher == "mpirun" and printed == 0), err
     assert "stderr>:Traceback" not in err and (launcher == "gloo" or "Traceback" not in err), err
     resumed = hvdtrain(np_, [*FAST, "--epochs", "1", "--log-dir", str(tmp_path), "--resume"], launcher=launcher)
-    assert "no epoch left to train of 1 (evaluation only)" in resumed.stdout
+    assert "no epoch left to train of 1 (evaluation only)" in resumed.stdout, resumed.stdout
 
 
 def test_resume_before_the_first_checkpoint_starts_from_the_beginning(tmp_path):
