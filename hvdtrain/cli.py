@@ -16,7 +16,7 @@ from hvdtrain.config import (DATASETS, LR_SCHEDULES, CheckpointConfig, Config, D
                              ModelConfig, OptimConfig, RuntimeConfig)
 from hvdtrain.dist import PeerFailure, PeerLost, is_peer_loss, launcher_rank
 from hvdtrain.errors import HvdtrainError
-from hvdtrain.stop import (Terminated, defer_sigterm, install_sigterm_handler, restore_default_sigterm,
+from hvdtrain.stop import (Terminated, defer_stop_signals, install_stop_handlers, restore_default_sigterm,
                            sigterm_received, stop_requested)
 
 EXIT_ERROR = 2
@@ -141,14 +141,14 @@ def main(argv: Optional[List[str]] = None) -> int:
         config = config_from_args(argv)
         from hvdtrain.train import run  # imports TensorFlow: after argument checks, so --help is fast
 
-        install_sigterm_handler()  # launchers pass Ctrl-C on as SIGTERM, as Slurm does on scancel
+        install_stop_handlers()  # launchers pass Ctrl-C on as SIGTERM, as Slurm does on scancel
         run(config)
-        defer_sigterm()
+        defer_stop_signals()
         return 0
     except SystemExit:
         raise  # argparse: --help, or a usage error it has printed
     except BaseException as e:  # noqa: BLE001
-        defer_sigterm()  # a SIGTERM now must not replace the error being reported
+        defer_stop_signals()  # a SIGTERM now must not replace the error being reported
         status = _exit_status(e)
         if status is None:
             raise

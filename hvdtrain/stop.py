@@ -2,13 +2,13 @@
 
 ``mpirun`` and ``horovodrun`` pass Ctrl-C on to the ranks as SIGTERM, one rank after another, and
 they also send it to the other ranks when one rank dies; Slurm sends it on ``scancel`` and before
-preemption. Python's default for SIGTERM is to die at once, silently. :func:`install_sigterm_handler`
+preemption. Python's default for SIGTERM is to die at once, silently. :func:`install_stop_handlers`
 makes it raise :class:`Terminated` in the main thread instead, so a run stops as on Ctrl-C: its
 ``finally`` blocks close the logs, rank 0 says where the run can be resumed from, and no checkpoint
 is half-written (a save appears only by rename, :mod:`hvdtrain.checkpoint`).
 
 Only the first SIGTERM raises, and only while the run is running: once a rank handles an error or
-a stop (:func:`defer_sigterm`), a SIGTERM is merely recorded, so that it cannot replace the error
+a stop (:func:`defer_stop_signals`), a SIGTERM is merely recorded, so that it cannot replace the error
 being reported or cut the message short. Launchers follow up with SIGKILL anyway.
 """
 from __future__ import annotations
@@ -17,7 +17,7 @@ import signal
 
 
 class Terminated(KeyboardInterrupt):
-    """Raised in the main thread by SIGTERM (after :func:`install_sigterm_handler`)."""
+    """Raised in the main thread by SIGTERM (after :func:`install_stop_handlers`)."""
 
 
 _received = False
@@ -40,7 +40,7 @@ def _on_sigint(signum, frame):
         raise KeyboardInterrupt()
 
 
-def install_sigterm_handler() -> None:
+def install_stop_handlers() -> None:
     """From now on the first SIGTERM raises :class:`Terminated` in the main thread, and Ctrl-C
     (SIGINT) raises ``KeyboardInterrupt`` as by default; both are recorded (:func:`stop_requested`).
 
@@ -51,9 +51,9 @@ def install_sigterm_handler() -> None:
     signal.signal(signal.SIGINT, _on_sigint)
 
 
-def defer_sigterm() -> None:
-    """From now on SIGTERM is only recorded (:func:`sigterm_received`), never raised: for code that
-    reports how a rank ends, and after the run has finished."""
+def defer_stop_signals() -> None:
+    """From now on SIGTERM and Ctrl-C are only recorded (:func:`stop_requested`), never raised: for
+    code that reports how a rank ends, and after the run has finished."""
     global _raise
     _raise = False
 

@@ -23,7 +23,7 @@ from hvdtrain.errors import HvdtrainError, describe_differences
 from hvdtrain.models import build_model
 from hvdtrain.optim import build_optimizer
 from hvdtrain.sharding import ShardPlan, eval_shard
-from hvdtrain.stop import Terminated, defer_sigterm, stop_exception, stop_requested
+from hvdtrain.stop import Terminated, defer_stop_signals, stop_exception, stop_requested
 from hvdtrain.watchdog import Watchdog, in_collective
 
 
@@ -516,7 +516,7 @@ def run(config: Config) -> dict:
         HvdtrainError: on every rank (printed once) for bad data, model, directories or checkpoints.
         PeerLost: when another rank failed or was lost mid-training (naming it where known).
         KeyboardInterrupt: on Ctrl-C; :class:`hvdtrain.stop.Terminated` on SIGTERM, once
-            :func:`hvdtrain.stop.install_sigterm_handler` was called. Either carries ``run_dir``,
+            :func:`hvdtrain.stop.install_stop_handlers` was called. Either carries ``run_dir``,
             the run directory to resume from, or None if no checkpoint directory exists yet.
     """
     # 1. Init and pin: Horovod up, this process on its own GPU or its own CPU cores.
@@ -617,13 +617,13 @@ def run(config: Config) -> dict:
             print(f"test loss {metrics['test_loss']:.4f} acc {metrics['test_accuracy']:.4f}", flush=True)
         return metrics
     except PeerFailure:
-        defer_sigterm()  # from here on, while this rank reports how it ends, SIGTERM is only recorded
+        defer_stop_signals()  # from here on, while this rank reports how it ends, SIGTERM is only recorded
         raise
     except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (hvdtrain.stop)
-        defer_sigterm()
+        defer_stop_signals()
         raise _stopped(ctx, watchdog, e)
     except Exception as e:  # noqa: BLE001
-        defer_sigterm()
+        defer_stop_signals()
         if stop_requested():  # the interrupt may have cut into TensorFlow and come out as another error
             raise _stopped(ctx, watchdog, stop_exception()) from e
         if getattr(e, "on_every_rank", False):
@@ -644,7 +644,7 @@ def run(config: Config) -> dict:
     finally:
         error = sys.exc_info()[1]
         if error is not None:  # after Ctrl-C or SIGTERM, hvdtrain.cli says where the run can be resumed from
-            defer_sigterm()
+            defer_stop_signals()
             error.run_dir = run_dir if ckpt_dir and os.path.isdir(ckpt_dir) else None
         watchdog.close()
         for cb in callbacks:
