@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from typing import Optional
+from typing import List, Optional, Tuple
 
 
 class Callback:
@@ -76,6 +76,27 @@ class EpochLine(Callback):
               f"{m['images_per_sec']:,.0f} img/s  {m['epoch_time_s']:.1f} s  lr {m['lr']:.4g}", flush=True)
 
 
+def logged_epochs(path: str) -> List[Tuple[int, str]]:
+    """The lines of a ``metrics.jsonl`` as ``(epoch, line)``, in file order, each line ending in a newline.
+
+    A line that is not a JSON object (one cut short by a crash during its append) is skipped; an
+    object without ``"epoch"`` counts as epoch 0.
+
+    Raises:
+        OSError: if ``path`` cannot be read.
+    """
+    logged = []
+    with open(path) as f:
+        for line in f:
+            try:
+                record = json.loads(line)
+                epoch = int(record.get("epoch", 0))
+            except (ValueError, TypeError, AttributeError):
+                continue
+            logged.append((epoch, line if line.endswith("\n") else line + "\n"))
+    return logged
+
+
 class JsonlMetrics(Callback):
     """Appends one JSON object per epoch to ``<log_dir>/metrics.jsonl``.
 
@@ -89,14 +110,7 @@ class JsonlMetrics(Callback):
     def on_train_begin(self, start_epoch, epochs):
         if not os.path.exists(self.path):
             return
-        kept = []
-        with open(self.path) as f:
-            for line in f:
-                try:
-                    if json.loads(line).get("epoch", 0) <= start_epoch:
-                        kept.append(line if line.endswith("\n") else line + "\n")
-                except ValueError:  # a line cut short by a crash during its append
-                    continue
+        kept = [line for epoch, line in logged_epochs(self.path) if epoch <= start_epoch]
         tmp = self.path + ".tmp"
         with open(tmp, "w") as f:
             f.writelines(kept)

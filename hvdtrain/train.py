@@ -4,7 +4,6 @@
 """
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
@@ -389,15 +388,9 @@ def start_without_checkpoint(ckpt_dir: str, run_dir: Optional[str]) -> None:
     Raises:
         HvdtrainError: if ``run_dir``'s metrics record an epoch after the first.
     """
-    epochs = 0
     metrics_file = os.path.join(run_dir, "metrics.jsonl") if run_dir else ""
-    if os.path.isfile(metrics_file):
-        with open(metrics_file) as f:
-            for line in f:
-                try:
-                    epochs = max(epochs, int(json.loads(line).get("epoch", 0)))
-                except (ValueError, TypeError, AttributeError):  # a line cut short by a crash
-                    continue
+    logged = cbs.logged_epochs(metrics_file) if os.path.isfile(metrics_file) else []
+    epochs = max((epoch for epoch, _ in logged), default=0)
     if epochs > 1:
         raise HvdtrainError(f"--resume: no checkpoint in {ckpt_dir}, but {metrics_file} records {epochs} epochs: "
                             f"that run's checkpoints were removed; choose another --log-dir to start over")

@@ -9,16 +9,19 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 
+from hvdtrain.data import DEFAULT_DATA_DIR, load_idx_dir
 from tests.ranks import REPO, rank_env, run_ranks
 from tests.twohosts import IFACE, TwoHosts, namespaces_supported
 
 REASON = namespaces_supported()
 pytestmark = pytest.mark.skipif(bool(REASON), reason=REASON)
 
-# The default job for one epoch, single-threaded ranks so that every placement computes alike.
-JOB = "--epochs 1 --threads 1 --no-progress --seed 0"
+# One epoch of the default model on real data, single-threaded ranks so that every placement
+# computes alike; the data (a slice of Fashion-MNIST, below) is added by the fixture.
+JOB = "--epochs 1 --threads 1 --no-progress --seed 0 --dataset npz"
 VENV = os.path.dirname(os.path.dirname(sys.executable))
 
 
@@ -34,9 +37,22 @@ def hosts(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def single_host_accuracy(tmp_path_factory):
+def job(tmp_path_factory):
+    """JOB's arguments on the first 12,000 training and 2,000 test images of Fashion-MNIST: real
+    data, a fifth of the full epoch's time (the full default job runs in tests/test_cli.py)."""
+    if not os.path.isdir(DEFAULT_DATA_DIR):
+        pytest.skip("Debian's dataset-fashion-mnist is not installed")
+    full = load_idx_dir(DEFAULT_DATA_DIR)
+    path = tmp_path_factory.mktemp("data") / "fashion-slice.npz"
+    np.savez(path, x_train=full.x_train[:12000], y_train=full.y_train[:12000],
+             x_test=full.x_test[:2000], y_test=full.y_test[:2000])
+    return f"{JOB} --data-dir {path}"
+
+
+@pytest.fixture(scope="module")
+def single_host_accuracy(tmp_path_factory, job):
     run_dir = tmp_path_factory.mktemp("single")
-    run_ranks(2, ["-m", "hvdtrain", *JOB.split(), "--log-dir", str(run_dir)], timeout=600)
+    run_ranks(2, ["-m", "hvdtrain", *job.split(), "--log-dir", str(run_dir)], timeout=600)
     return final_test_accuracy(run_dir)
 
 
@@ -49,20 +65,20 @@ def launch(hosts, script, env, timeout=600):
     return result
 
 
-def test_mpirun_hostfile_across_two_hosts(hosts, tmp_path, single_host_accuracy):
+def test_mpirun_hostfile_across_two_hosts(hosts, tmp_path, job, single_host_accuracy):
     hostfile = tmp_path / "hostfile"
     hostfile.write_text("".join(f"{h} slots=1\n" for h in hosts.hosts))
     result = launch(hosts, "mpirun_hostfile.sh", {
         "HOSTFILE": str(hostfile), "IFACE": IFACE, "SSH_ARGS": " ".join(hosts.ssh_options()),
-        "ARGS": f"{JOB} --log-dir {tmp_path / 'run'}"})
+        "ARGS": f"{job} --log-dir {tmp_path / 'run'}"})
     assert "1 local rank(s) x 2 host(s)" in result.stdout
     assert final_test_accuracy(tmp_path / "run") == pytest.approx(single_host_accuracy, abs=0.002)
 
 
-def test_horovodrun_gloo_across_two_hosts(hosts, tmp_path, single_host_accuracy):
+def test_horovodrun_gloo_across_two_hosts(hosts, tmp_path, job, single_host_accuracy):
     result = launch(hosts, "horovodrun_hosts.sh", {
         "HOSTS": ",".join(f"{h}:1" for h in hosts.hosts), "IFACE": IFACE, "SSH_KEY": str(hosts.key),
-        "MODE": "gloo", "ARGS": f"{JOB} --log-dir {tmp_path / 'run'}"})
+        "MODE": "gloo", "ARGS": f"{job} --log-dir {tmp_path / 'run'}"})
     assert "1 local rank(s) x 2 host(s)" in result.stdout
     assert final_test_accuracy(tmp_path / "run") == pytest.approx(single_host_accuracy, abs=0.002)
 
