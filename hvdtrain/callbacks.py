@@ -79,8 +79,8 @@ class EpochLine(Callback):
 def logged_epochs(path: str) -> List[Tuple[int, str]]:
     """The lines of a ``metrics.jsonl`` as ``(epoch, line)``, in file order, each line ending in a newline.
 
-    A line that is not a JSON object (one cut short by a crash during its append) is skipped; an
-    object without ``"epoch"`` counts as epoch 0.
+    A line that is not a JSON object with a numeric ``"epoch"`` (one cut short by a crash during
+    its append) is skipped; an object without ``"epoch"`` counts as epoch 0.
 
     Raises:
         OSError: if ``path`` cannot be read.

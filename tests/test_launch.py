@@ -19,9 +19,6 @@ from tests.twohosts import IFACE, TwoHosts, namespaces_supported
 REASON = namespaces_supported()
 pytestmark = pytest.mark.skipif(bool(REASON), reason=REASON)
 
-# One epoch of the default model on real data, single-threaded ranks so that every placement
-# computes alike; the data (a slice of Fashion-MNIST, below) is added by the fixture.
-JOB = "--epochs 1 --threads 1 --no-progress --seed 0 --dataset npz"
 VENV = os.path.dirname(os.path.dirname(sys.executable))
 
 
@@ -38,15 +35,16 @@ def hosts(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def job(tmp_path_factory):
-    """JOB's arguments on the first 12,000 training and 2,000 test images of Fashion-MNIST: real
-    data, a fifth of the full epoch's time (the full default job runs in tests/test_cli.py)."""
+    """The job's arguments: one epoch of the default model, single-threaded ranks so that every
+    placement computes alike, on the first 12,000 training and 2,000 test images of Fashion-MNIST
+    (real data, a fifth of the full epoch; the full default job runs in tests/test_cli.py)."""
     if not os.path.isdir(DEFAULT_DATA_DIR):
         pytest.skip("Debian's dataset-fashion-mnist is not installed")
     full = load_idx_dir(DEFAULT_DATA_DIR)
     path = tmp_path_factory.mktemp("data") / "fashion-slice.npz"
     np.savez(path, x_train=full.x_train[:12000], y_train=full.y_train[:12000],
              x_test=full.x_test[:2000], y_test=full.y_test[:2000])
-    return f"{JOB} --data-dir {path}"
+    return f"--epochs 1 --threads 1 --no-progress --seed 0 --dataset npz --data-dir {path}"
 
 
 @pytest.fixture(scope="module")
