@@ -71,12 +71,19 @@ def alternating_step_times(ctx, runs: dict, warmup: int, rounds: int, steps: int
 _HOROVOD_BN_IDS = itertools.count()
 
 
-def horovod_sync_bn():
+def _horovod_sync_bn_layer():
     """Horovod's ``hvd.SyncBatchNormalization`` (momentum 0.9), uniquely named: Horovod's layer
     names itself identically unless told otherwise, which breaks a second one in a model."""
     import horovod.tensorflow as hvd
 
     return hvd.SyncBatchNormalization(momentum=0.9, name=f"hvd_sync_bn_{next(_HOROVOD_BN_IDS)}")
+
+
+def horovod_sync_bn(x, relu: bool = False):
+    """The built-in models' ``norm`` (:data:`hvdtrain.models.Norm`) with Horovod's layer; a ReLU layer after it."""
+    from hvdtrain.models import unfused_norm
+
+    return unfused_norm(_horovod_sync_bn_layer)(x, relu=relu)
 
 
 def peak_rss_mib() -> float:

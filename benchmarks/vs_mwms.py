@@ -43,11 +43,11 @@ def mwms_worker(a) -> None:
                                               drop_remainder=True)
         return ds.map(lambda x, y: (tf.cast(x, tf.float32) / 255.0, y)).prefetch(tf.data.AUTOTUNE)
 
-    from hvdtrain.models import seed_cnn
+    from hvdtrain.models import seed_cnn, unfused_norm
 
     with strategy.scope():
         tf.keras.utils.set_random_seed(0)
-        norm = lambda: tf.keras.layers.BatchNormalization(momentum=0.9, synchronized=a.sync_bn)  # noqa: E731
+        norm = unfused_norm(lambda: tf.keras.layers.BatchNormalization(momentum=0.9, synchronized=a.sync_bn))
         model = seed_cnn(dataset.input_shape, dataset.num_classes, norm=norm)
         optimizer = tf.keras.optimizers.SGD(0.05 * workers, momentum=0.9)
     loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")

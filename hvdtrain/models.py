@@ -76,27 +76,49 @@ def set_dropout_rank(model: tf.keras.Model, rank: int) -> None:
             layer.rank = int(rank)
 
 
-NormFactory = Callable[[], tf.keras.layers.Layer]
+Norm = Callable[..., tf.Tensor]
+"""``norm(x, relu=False)``: a new batch norm layer applied to the Keras tensor ``x``, then a ReLU if ``relu``."""
 
 
-def norm_factory(sync_bn: bool = True) -> NormFactory:
-    """Batch norm layers for the built-in models: synchronized or per-rank, momentum 0.9.
+def unfused_norm(make_layer: Callable[[], tf.keras.layers.Layer]) -> Norm:
+    """A :data:`Norm` from a batch norm layer that cannot apply the ReLU itself: a ReLU layer follows it.
+
+    Args:
+        make_layer: returns a new batch norm layer, e.g. ``tf.keras.layers.BatchNormalization``.
+    """
+    def norm(x, relu: bool = False):
+        x = make_layer()(x)
+        return tf.keras.layers.ReLU()(x) if relu else x
+
+    return norm
+
+
+def norm_factory(sync_bn: bool = True) -> Norm:
+    """Batch norm for the built-in models: synchronized or per-rank, momentum 0.9.
 
     Momentum 0.9 makes the moving statistics settle within ~50 steps, so evaluation is sound from
-    the first epoch (Keras' default 0.99 needs ~500 steps).
+    the first epoch (Keras' default 0.99 needs ~500 steps). A ReLU after synchronized batch norm is
+    fused into the layer (``activation="relu"``); after Keras' layer it is a layer of its own, which
+    TensorFlow's graph optimizer fuses with the batch norm where it can.
     """
-    layer = SyncBatchNormalization if sync_bn else tf.keras.layers.BatchNormalization
-    return functools.partial(layer, momentum=0.9)
+    if not sync_bn:
+        return unfused_norm(functools.partial(tf.keras.layers.BatchNormalization, momentum=0.9))
+
+    def norm(x, relu: bool = False):
+        return SyncBatchNormalization(momentum=0.9, activation="relu" if relu else None)(x)
+
+    return norm
 
 
-def seed_cnn(input_shape: Tuple[int, int, int], num_classes: int, norm: Optional[NormFactory] = None,
+def seed_cnn(input_shape: Tuple[int, int, int], num_classes: int, norm: Optional[Norm] = None,
              dropout: float = 0.25, seed: int = 0, rank: int = 0) -> tf.keras.Model:
     """The seed CNN: (conv3x3-BN-ReLU-maxpool) x2 (32, 64 filters), dense(128)-BN-ReLU-dropout, dense.
 
     Args:
         input_shape: ``(H, W, C)``.
         num_classes: output logits.
-        norm: makes each batch norm layer; default :func:`norm_factory` ``()`` (synchronized).
+        norm: applies each batch norm (and the ReLU after it); default :func:`norm_factory` ``()``
+            (synchronized).
         dropout: dropout rate before the classifier.
         seed, rank: seed the dropout masks (see :class:`SeededDropout`).
     """
@@ -105,20 +127,18 @@ def seed_cnn(input_shape: Tuple[int, int, int], num_classes: int, norm: Optional
     x = inputs
     for filters in (32, 64):
         x = tf.keras.layers.Conv2D(filters, 3, padding="same", use_bias=False)(x)
-        x = norm()(x)
-        x = tf.keras.layers.ReLU()(x)
+        x = norm(x, relu=True)
         x = tf.keras.layers.MaxPool2D()(x)
     x = tf.keras.layers.Flatten()(x)
     x = tf.keras.layers.Dense(128, use_bias=False)(x)
-    x = norm()(x)
-    x = tf.keras.layers.ReLU()(x)
+    x = norm(x, relu=True)
     if dropout:
         x = SeededDropout(dropout, seed=seed, rank=rank)(x)
     outputs = tf.keras.layers.Dense(num_classes)(x)
     return tf.keras.Model(inputs, outputs, name="seed_cnn")
 
 
-def resnet20(input_shape: Tuple[int, int, int], num_classes: int, norm: Optional[NormFactory] = None,
+def resnet20(input_shape: Tuple[int, int, int], num_classes: int, norm: Optional[Norm] = None,
              **_unused) -> tf.keras.Model:
     """ResNet-20 for small images: 3 stages x 3 basic blocks (16, 32, 64 filters), global pool, dense.
 
@@ -128,7 +148,8 @@ def resnet20(input_shape: Tuple[int, int, int], num_classes: int, norm: Optional
     Args:
         input_shape: ``(H, W, C)``, e.g. ``(32, 32, 3)`` or ``(28, 28, 1)``.
         num_classes: output logits.
-        norm: makes each batch norm layer; default :func:`norm_factory` ``()`` (synchronized).
+        norm: applies each batch norm (and the ReLU after it); default :func:`norm_factory` ``()``
+            (synchronized).
     """
     norm = norm or norm_factory()
 
@@ -137,15 +158,15 @@ def resnet20(input_shape: Tuple[int, int, int], num_classes: int, norm: Optional
                                       kernel_initializer="he_normal")
 
     inputs = tf.keras.Input(input_shape)
-    x = tf.keras.layers.ReLU()(norm()(conv(16, 3)(inputs)))
+    x = norm(conv(16, 3)(inputs), relu=True)
     for stage, filters in enumerate((16, 32, 64)):
         for block in range(3):
             strides = 2 if stage > 0 and block == 0 else 1
             shortcut = x
-            y = tf.keras.layers.ReLU()(norm()(conv(filters, 3, strides)(x)))
-            y = norm()(conv(filters, 3)(y))
+            y = norm(conv(filters, 3, strides)(x), relu=True)
+            y = norm(conv(filters, 3)(y))
             if strides != 1 or shortcut.shape[-1] != filters:
-                shortcut = norm()(conv(filters, 1, strides)(shortcut))
+                shortcut = norm(conv(filters, 1, strides)(shortcut))
             x = tf.keras.layers.ReLU()(tf.keras.layers.Add()([shortcut, y]))
     x = tf.keras.layers.GlobalAveragePooling2D()(x)
     outputs = tf.keras.layers.Dense(num_classes)(x)

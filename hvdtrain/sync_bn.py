@@ -1,11 +1,13 @@
 """Synchronized batch normalization over all Horovod ranks, exact for any per-rank batch sizes."""
 from __future__ import annotations
 
-from typing import Sequence, Union
+from typing import Optional, Sequence, Union
 
 import tensorflow as tf
 
 from hvdtrain import sync_bn_kernels as kernels
+
+ACTIVATIONS = (None, "relu")  # what SyncBatchNormalization can fuse after the normalization
 
 
 def _world_size() -> int:
@@ -46,7 +48,8 @@ class SyncBatchNormalization(tf.keras.layers.Layer):
     exact gradient of global-batch batch normalization with respect to each rank's input:
     ``dx = γ/σ · (dy - Σdy/N - x̂ · Σ(dy·x̂)/N)`` (Ioffe & Szegedy 2015, "Batch Normalization", §3),
     while ``dγ = Σ_local dy·x̂`` and ``dβ = Σ_local dy`` stay local, so that Horovod's averaging of
-    gradients over ranks yields the global-batch gradient.
+    gradients over ranks yields the global-batch gradient. With ``activation="relu"``, ``dy`` here
+    is the incoming gradient times the ReLU's derivative (1 where the output is > 0, else 0).
 
     Moving mean and variance are updated from the global statistics, so they are identical on every
     rank; no update happens when the global count is 0. Inference uses them and communicates nothing.
@@ -69,6 +72,10 @@ class SyncBatchNormalization(tf.keras.layers.Layer):
         unbiased_moving_variance: if True, the moving variance tracks the unbiased global batch
             variance ``var · N/(N - 1)`` (PyTorch's convention); default False tracks the biased
             variance used for normalization (Keras' convention).
+        activation: None, or ``"relu"`` to return ``max(0, normalized)``: the same as a
+            ``tf.keras.layers.ReLU`` after the layer, fused into the normalization (as TensorFlow
+            fuses its own batch norm with a following ReLU), so that on the CPU kernels the ReLU
+            costs no memory pass of its own, forward or backward.
         **kwargs: standard Keras layer arguments (``name``, ``dtype``, ``trainable``...).
 
     Call arguments:
@@ -91,9 +98,10 @@ class SyncBatchNormalization(tf.keras.layers.Layer):
         Computing the Sample Variance: Analysis and Recommendations", The American Statistician 1983.
 
     Raises:
-        ValueError: in the constructor for ``momentum`` outside [0, 1], ``epsilon <= 0`` or a
-            non-integer ``axis``; when built for an input whose rank is < 2, whose ``axis`` is out
-            of range or repeated, or whose channel dimensions are unknown.
+        ValueError: in the constructor for ``momentum`` outside [0, 1], ``epsilon <= 0``, a
+            non-integer ``axis`` or an ``activation`` other than None and ``"relu"``; when built
+            for an input whose rank is < 2, whose ``axis`` is out of range or repeated, or whose
+            channel dimensions are unknown.
 
     Caveats:
         * Every rank must call the layer the same number of times per training step, in the same
@@ -124,6 +132,7 @@ class SyncBatchNormalization(tf.keras.layers.Layer):
         beta_constraint=None,
         gamma_constraint=None,
         unbiased_moving_variance: bool = False,
+        activation: Optional[str] = None,
         **kwargs,
     ):
         # No autocast: half-precision inputs keep their dtype (statistics are float32 regardless).
@@ -136,6 +145,8 @@ class SyncBatchNormalization(tf.keras.layers.Layer):
             raise ValueError(f"momentum must be in [0, 1], got {momentum!r}")
         if not float(epsilon) > 0.0:
             raise ValueError(f"epsilon must be > 0, got {epsilon!r}")
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
         self.axis = axes if isinstance(axis, (list, tuple)) else axis
         self.momentum = float(momentum)
         self.epsilon = float(epsilon)
@@ -150,6 +161,7 @@ class SyncBatchNormalization(tf.keras.layers.Layer):
         self.beta_constraint = tf.keras.constraints.get(beta_constraint)
         self.gamma_constraint = tf.keras.constraints.get(gamma_constraint)
         self.unbiased_moving_variance = bool(unbiased_moving_variance)
+        self.activation = activation
         self.supports_masking = True
 
     # ---- construction -------------------------------------------------------------------------
@@ -235,10 +247,18 @@ class SyncBatchNormalization(tf.keras.layers.Layer):
         scale = gamma * tf.math.rsqrt(variance + self.epsilon)
         x = tf.cast(inputs, tf.float32)
         if self._use_kernels():
-            y = kernels.normalize(x, mean, scale, beta)
+            y = kernels.normalize(x, mean, scale, beta, relu=self._relu)
         else:
-            y = (x - self._per_element(mean)) * self._per_element(scale) + self._per_element(beta)
+            y = self._activate((x - self._per_element(mean)) * self._per_element(scale) + self._per_element(beta))
         return tf.cast(y, inputs.dtype)
+
+    @property
+    def _relu(self) -> bool:
+        return self.activation == "relu"
+
+    def _activate(self, z):
+        """The fused activation on the TensorFlow path."""
+        return tf.nn.relu(z) if self._relu else z
 
     def _local_shifted_sums(self, x, shift, count):
         """This rank's per-channel ``Σ(x - shift)`` and ``Σ(x - shift)²``, float64 ``[C]`` each.
@@ -296,21 +316,26 @@ class SyncBatchNormalization(tf.keras.layers.Layer):
         n_inv = tf.math.divide_no_nan(tf.constant(1.0, tf.float64), count)
         gamma, beta = self._flat_params()
         per_element = self._per_element
+        relu = self._relu
 
         @tf.custom_gradient
         def normalize(x, gamma, beta):
             scale = gamma * inv_std
             offset = beta - mean_lo * scale
             if use_kernels:
-                y = kernels.normalize(x, mean_hi, scale, offset)
+                y = kernels.normalize(x, mean_hi, scale, offset, relu=relu)
             else:
-                y = (x - per_element(mean_hi)) * per_element(scale) + per_element(offset)
+                y = self._activate((x - per_element(mean_hi)) * per_element(scale) + per_element(offset))
 
             def grad(dy):
                 dy = tf.cast(dy, tf.float32)
+                # With the fused ReLU, the gradient below is that of the normalization with dy
+                # masked where y = 0 (the kernels recompute the mask from x; see their source).
+                if relu and not use_kernels:
+                    dy = dy * tf.cast(y > 0.0, tf.float32)  # as TensorFlow's ReluGrad
                 # Local Σdy and Σdy·(x - hi), then Σdy·x̂ = (Σdy·(x - hi) - lo·Σdy)·inv_std.
                 if use_kernels:
-                    sum_dy, sum_dy_centered = kernels.grad_sums(dy, x, mean_hi)
+                    sum_dy, sum_dy_centered = kernels.grad_sums(dy, x, mean_hi, scale, offset, relu=relu)
                 else:
                     sum_dy = tf.cast(self._channel_sums(dy), tf.float64)
                     sum_dy_centered = tf.cast(self._channel_sums(dy * (x - per_element(mean_hi))), tf.float64)
@@ -324,7 +349,7 @@ class SyncBatchNormalization(tf.keras.layers.Layer):
                 c64 = -scale64 * total_dy * n_inv - b64 * tf.cast(mean_lo, tf.float64)
                 b, c = tf.cast(b64, tf.float32), tf.cast(c64, tf.float32)
                 if use_kernels:
-                    dx = kernels.grad_input(dy, x, mean_hi, scale, b, c)
+                    dx = kernels.grad_input(dy, x, mean_hi, scale, offset, b, c, relu=relu)
                 else:
                     dx = per_element(scale) * dy + per_element(b) * (x - per_element(mean_hi)) + per_element(c)
                 return dx, tf.cast(sum_dy_xhat, tf.float32), tf.cast(sum_dy, tf.float32)
@@ -367,5 +392,6 @@ class SyncBatchNormalization(tf.keras.layers.Layer):
             "beta_constraint": tf.keras.constraints.serialize(self.beta_constraint),
             "gamma_constraint": tf.keras.constraints.serialize(self.gamma_constraint),
             "unbiased_moving_variance": self.unbiased_moving_variance,
+            "activation": self.activation,
         }
         return {**super().get_config(), **config}

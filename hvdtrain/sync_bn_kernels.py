@@ -10,6 +10,7 @@ All tensors are float32 with channels on the last axis, except the float64 shift
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
 import subprocess
 import sys
@@ -20,11 +21,30 @@ import tensorflow as tf
 _HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCE = os.path.join(_HERE, "csrc", "sync_bn_kernels.cc")
 LIBRARY = os.path.join(_HERE, "_sync_bn_kernels.so")
+STAMP = LIBRARY + ".stamp"  # what the library was built from: TensorFlow's version and the source's hash
+
+
+def _build_inputs() -> str:
+    with open(SOURCE, "rb") as f:
+        return f"tensorflow {tf.__version__}\nsource sha256 {hashlib.sha256(f.read()).hexdigest()}\n"
+
+
+def _stamp_matches() -> bool:
+    """True when the library was built by :func:`build` from this source for this TensorFlow."""
+    try:
+        with open(STAMP) as f:
+            return f.read() == _build_inputs()
+    except OSError:
+        return False
 
 
 @functools.lru_cache(maxsize=None)
 def _library():
     if os.environ.get("HVDTRAIN_SYNC_BN_KERNELS", "1") == "0" or not os.path.exists(LIBRARY):
+        return None
+    if not _stamp_matches():  # built from another source, or for another TensorFlow: its ops may not match
+        warnings.warn(f"hvdtrain: {LIBRARY} was not built from this {SOURCE} for TensorFlow {tf.__version__}; "
+                      f"SyncBatchNormalization uses TensorFlow ops. Rebuild with: python -m hvdtrain.sync_bn_kernels")
         return None
     try:
         return tf.load_op_library(LIBRARY)
@@ -44,34 +64,39 @@ def moments(x, shift):
     return _library().hvdtrain_sync_bn_moments(x, shift)
 
 
-def normalize(x, mean_hi, scale, offset):
-    """``(x - mean_hi) · scale + offset`` per channel; float32, the shape of ``x``."""
-    return _library().hvdtrain_sync_bn_normalize(x, mean_hi, scale, offset)
+def normalize(x, mean_hi, scale, offset, relu=False):
+    """``z = (x - mean_hi) · scale + offset`` per channel, or ``max(z, 0)`` with ``relu``; float32, the shape of ``x``."""
+    return _library().hvdtrain_sync_bn_normalize(x, mean_hi, scale, offset, relu=relu)
 
 
-def grad_sums(dy, x, mean_hi):
-    """Per channel ``Σdy`` and ``Σdy·(x - mean_hi)``; float64 ``[C]`` each."""
-    return _library().hvdtrain_sync_bn_grad_sums(dy, x, mean_hi)
+def grad_sums(dy, x, mean_hi, scale, offset, relu=False):
+    """Per channel ``Σg`` and ``Σg·(x - mean_hi)``; float64 ``[C]`` each.
+
+    ``g = dy``, or with ``relu`` ``dy`` where ``z = (x - mean_hi) · scale + offset > 0`` and 0
+    elsewhere: the gradient that reaches a fused :func:`normalize` ``(..., relu=True)``'s ``z``.
+    """
+    return _library().hvdtrain_sync_bn_grad_sums(dy, x, mean_hi, scale, offset, relu=relu)
 
 
-def grad_input(dy, x, mean_hi, a, b, c):
-    """``a·dy + b·(x - mean_hi) + c`` per channel; float32, the shape of ``x``."""
-    return _library().hvdtrain_sync_bn_grad_input(dy, x, mean_hi, a, b, c)
+def grad_input(dy, x, mean_hi, scale, offset, b, c, relu=False):
+    """``scale·g + b·(x - mean_hi) + c`` per channel, ``g`` as in :func:`grad_sums`; float32, the shape of ``x``."""
+    return _library().hvdtrain_sync_bn_grad_input(dy, x, mean_hi, scale, offset, b, c, relu=relu)
 
 
 @tf.RegisterGradient("HvdtrainSyncBnNormalize")
 def _normalize_grad(op, dy):
-    """Gradient of ``y = (x - mean_hi) · scale + offset`` with respect to all four inputs.
+    """Gradient of ``y = [max(0,] (x - mean_hi) · scale + offset [)]`` with respect to all four inputs.
 
     The training path differentiates the whole layer with its own custom gradient; this one serves
     the inference path (``training=False``, or a frozen layer) inside a model being trained.
     """
-    x, mean_hi, scale, _ = op.inputs
-    sum_dy, sum_dy_centered = grad_sums(dy, x, mean_hi)
+    x, mean_hi, scale, offset = op.inputs
+    relu = op.get_attr("relu")
+    sum_dy, sum_dy_centered = grad_sums(dy, x, mean_hi, scale, offset, relu=relu)
     sum_dy = tf.cast(sum_dy, tf.float32)
     zeros = tf.zeros_like(scale)
-    return (grad_input(dy, x, mean_hi, scale, zeros, zeros), -scale * sum_dy, tf.cast(sum_dy_centered, tf.float32),
-            sum_dy)
+    return (grad_input(dy, x, mean_hi, scale, offset, zeros, zeros, relu=relu), -scale * sum_dy,
+            tf.cast(sum_dy_centered, tf.float32), sum_dy)
 
 
 def build(force: bool = False) -> str:
@@ -83,19 +108,21 @@ def build(force: bool = False) -> str:
     Raises:
         subprocess.CalledProcessError: if the compiler fails.
     """
-    stamp = LIBRARY + ".tf-version"
-    up_to_date = (os.path.exists(LIBRARY) and os.path.getmtime(LIBRARY) >= os.path.getmtime(SOURCE)
-                  and os.path.exists(stamp) and open(stamp).read() == tf.__version__)
-    if up_to_date and not force:
+    if os.path.exists(LIBRARY) and _stamp_matches() and not force:
         return LIBRARY
     # No -march=native: the library may be shared by hosts with different CPUs (one image, one file
     # system); the kernels are memory-bound, so baseline x86-64 vector code loses little.
-    cmd = [os.environ.get("CXX", "g++"), "-shared", "-fPIC", "-O3", *tf.sysconfig.get_compile_flags(),
+    # -ffp-contract=off: no fused multiply-add, so the backward ops' recomputed pre-ReLU value is
+    # bit-identical to the forward op's, and the ReLU mask with it. -fno-trapping-math: GCC may
+    # then compute the ReLU mask branch-free, so those loops vectorize (TensorFlow traps no
+    # floating-point exceptions; results are unchanged).
+    cmd = [os.environ.get("CXX", "g++"), "-shared", "-fPIC", "-O3", "-ffp-contract=off", "-fno-trapping-math",
+           *tf.sysconfig.get_compile_flags(),
            SOURCE, "-o", LIBRARY + ".tmp", *tf.sysconfig.get_link_flags()]
     subprocess.run(cmd, check=True)
     os.replace(LIBRARY + ".tmp", LIBRARY)
-    with open(stamp, "w") as f:
-        f.write(tf.__version__)
+    with open(STAMP, "w") as f:
+        f.write(_build_inputs())
     return LIBRARY
 
 

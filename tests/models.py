@@ -16,16 +16,19 @@ def mlp(input_shape, num_classes):
 
 
 def cnn_sync_bn(input_shape, num_classes):
-    """A small CNN with synchronized batch norm after each conv/dense layer, no dropout."""
+    """A small CNN with synchronized batch norm and a ReLU after each conv/dense layer, no dropout.
+
+    The ReLU is a layer of its own after the first batch norm and fused into the others.
+    """
     inputs = tf.keras.Input(input_shape)
     x = tf.keras.layers.Conv2D(8, 3, padding="same", use_bias=False)(inputs)
     x = tf.keras.layers.ReLU()(SyncBatchNormalization()(x))
     x = tf.keras.layers.MaxPool2D()(x)
     x = tf.keras.layers.Conv2D(8, 3, padding="same", use_bias=False)(x)
-    x = tf.keras.layers.ReLU()(SyncBatchNormalization()(x))
+    x = SyncBatchNormalization(activation="relu")(x)
     x = tf.keras.layers.Flatten()(x)
     x = tf.keras.layers.Dense(16, use_bias=False)(x)
-    x = tf.keras.layers.ReLU()(SyncBatchNormalization()(x))
+    x = SyncBatchNormalization(activation="relu")(x)
     return tf.keras.Model(inputs, tf.keras.layers.Dense(num_classes)(x), name="test_cnn_sync_bn")
 
 

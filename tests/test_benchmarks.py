@@ -112,13 +112,16 @@ def test_allreduce_bandwidths_and_fusion(tmp_path):
 
 def test_bn_overhead_at_two_ranks(tmp_path):
     out = script("bn_overhead.py", "--models", "cnn", "--rounds", "1", "--steps", "1", "--warmup", "1", *TINY,
-                 "--plot", str(tmp_path / "p.png"), np_=2, launcher="mpirun", tmp_path=tmp_path)
+                 "--variants", "local", "hvdtrain", "horovod", "relu-apart", "--plot", str(tmp_path / "p.png"),
+                 np_=2, launcher="mpirun", tmp_path=tmp_path)
     (table,) = tables(out)
     (row,) = table
     assert row["model"] == "seed CNN"
-    local, ours, horovods = (number(row[c]) for c in ("local BN ms", "hvdtrain ms", "Horovod's ms"))
+    local, ours, horovods, apart = (number(row[c]) for c in ("local BN ms", "hvdtrain ms", "Horovod's ms",
+                                                             "hvdtrain, ReLU apart ms"))
     assert close(ours / local, number(row["hvdtrain / local"]), rel=0.01)  # step times printed to 0.01 ms
     assert close(ours / horovods, number(row["hvdtrain / Horovod's"]), rel=0.01)
+    assert close(ours / apart, number(row["hvdtrain / ReLU apart"]), rel=0.01)
     assert "np=2" in out
     assert_png(tmp_path / "p.png")
 
@@ -161,6 +164,7 @@ def test_allreduce_phases(tmp_path):
     (["allreduce.py", "--np", "1"], "argument --np: must be >= 2, got 1"),
     (["bn_overhead.py", "--steps", "0"], "argument --steps: must be >= 1, got 0"),
     (["bn_overhead.py", "--models", "vgg"], "argument --models: invalid choice: 'vgg'"),
+    (["bn_overhead.py", "--variants", "local", "horovod"], "argument --variants: give hvdtrain and at least one other"),
     (["step_breakdown.py", "--warmup", "0"], "argument --warmup: must be >= 1, got 0"),
     (["thread_time.py", "--batch-size", "x"], "argument --batch-size: invalid integer >= 1 value: 'x'"),
     (["allreduce_phases.py", "--repeats", "0"], "argument --repeats: must be >= 1, got 0"),

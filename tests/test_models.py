@@ -1,8 +1,45 @@
-"""The built-in models' seeded dropout: masks keyed by (seed, rank, call count)."""
+"""The built-in models: their batch norm and ReLU layers; seeded dropout, masks keyed by (seed, rank, call count)."""
+import functools
+
 import numpy as np
+import pytest
 import tensorflow as tf
 
-from hvdtrain.models import SeededDropout, set_dropout_rank, seed_cnn
+from hvdtrain import SyncBatchNormalization
+from hvdtrain.models import SeededDropout, norm_factory, resnet20, set_dropout_rank, seed_cnn, unfused_norm
+
+
+def _count(model, layer_type, **attrs):
+    return sum(isinstance(m, layer_type) and all(getattr(m, k) == v for k, v in attrs.items()) for m in model.layers)
+
+
+# (builder, batch norms followed by a ReLU, batch norms followed by something else)
+MODELS = [(seed_cnn, 3, 0), (resnet20, 10, 11)]
+
+
+@pytest.mark.parametrize("build, with_relu, without_relu", MODELS, ids=["cnn", "resnet20"])
+def test_synchronized_batch_norm_applies_the_relu_after_it_itself(build, with_relu, without_relu):
+    fused = build((28, 28, 1), 10)
+    assert _count(fused, SyncBatchNormalization, activation="relu") == with_relu
+    assert _count(fused, SyncBatchNormalization, activation=None) == without_relu
+    assert _count(fused, tf.keras.layers.ReLU) == (9 if build is resnet20 else 0)  # after each residual add
+    local = build((28, 28, 1), 10, norm=norm_factory(sync_bn=False))
+    assert _count(local, tf.keras.layers.BatchNormalization) == with_relu + without_relu
+    assert _count(local, tf.keras.layers.ReLU) == with_relu + _count(fused, tf.keras.layers.ReLU)
+
+
+@pytest.mark.parametrize("build", [seed_cnn, resnet20], ids=["cnn", "resnet20"])
+def test_a_checkpoint_of_the_model_with_separate_relu_layers_restores_into_the_fused_one(build, tmp_path):
+    """Checkpoints written before the ReLU was fused (a ReLU layer after each batch norm) still resume."""
+    apart = build((28, 28, 1), 10, norm=unfused_norm(functools.partial(SyncBatchNormalization, momentum=0.9)))
+    rng = np.random.default_rng(0)
+    for v in apart.variables:
+        v.assign(rng.normal(size=v.shape).astype(v.dtype.as_numpy_dtype))
+    path = tf.train.Checkpoint(model=apart).write(str(tmp_path / "state"))
+    fused = build((28, 28, 1), 10)
+    tf.train.Checkpoint(model=fused).read(path).assert_existing_objects_matched()
+    for a, b in zip(apart.get_weights(), fused.get_weights(), strict=True):
+        np.testing.assert_array_equal(a, b)
 
 
 def _dropout_model(rank: int):

@@ -16,8 +16,9 @@ EPSILON, MOMENTUM = 1e-3, 0.9
 TOL = 1e-5  # max |ours - oracle| <= TOL * max |oracle|, per tensor
 
 
-def oracle(x, w, gamma, beta, axis):
-    """Global-batch batch norm in float64: outputs, gradients, updated moving statistics."""
+def oracle(x, w, gamma, beta, axis, activation=None):
+    """Global-batch batch norm (then ReLU, for ``activation="relu"``) in float64: outputs, gradients,
+    updated moving statistics."""
     x = tf.constant(x, tf.float64)
     ndim = x.shape.rank
     axis = axis % ndim
@@ -29,6 +30,8 @@ def oracle(x, w, gamma, beta, axis):
         tape.watch(x)
         mean, var = tf.nn.moments(x, reduce_axes, keepdims=True)
         y = (x - mean) / tf.sqrt(var + EPSILON) * g + b
+        if activation == "relu":
+            y = tf.nn.relu(y)
         loss = tf.reduce_sum(y * w)
     dx, dg, db = tape.gradient(loss, [x, g, b])
     return {"y": y.numpy(), "dx": dx.numpy(), "dgamma": dg.numpy().ravel(), "dbeta": db.numpy().ravel(),
@@ -70,7 +73,7 @@ def test_matches_global_batch_oracle(rank_results, name, key):
     world_size, results = rank_results
     case = cases(world_size)[name]
     x, w, gamma, beta = case_data(name, case)
-    expected = oracle(x, w, gamma, beta, case["axis"])[key]
+    expected = oracle(x, w, gamma, beta, case["axis"], case.get("activation"))[key]
     got = gather(results, name, key)
     assert got.shape == expected.shape
     assert max_rel_error(got, expected) <= TOL, f"{name}/{key} at np={world_size}"
@@ -88,25 +91,30 @@ def test_horovod_layer_deviates_on_uneven_batches(rank_results):
 
 # ---- single process: world size 1, inference, dtypes, configuration -------------------------------
 # Keras' fused kernel (4-D inputs) tracks the unbiased batch variance, its unfused path the biased one.
-@pytest.mark.parametrize("shape, unbiased", [((8, 5, 5, 4), True), ((32, 4), False)], ids=["4d_fused", "2d"])
-def test_world_size_one_equals_keras_batch_norm(shape, unbiased):
+# With activation="relu", Keras' layer is followed by a ReLU.
+@pytest.mark.parametrize("shape, unbiased, activation", [((8, 5, 5, 4), True, None), ((32, 4), False, None),
+                                                         ((8, 5, 5, 4), True, "relu")],
+                         ids=["4d_fused", "2d", "4d_relu"])
+def test_world_size_one_equals_keras_batch_norm(shape, unbiased, activation):
     rng = np.random.default_rng(0)
     x = tf.constant(rng.normal(2.0, 3.0, shape).astype(np.float32))
-    ours = SyncBatchNormalization(momentum=0.9, unbiased_moving_variance=unbiased)
+    ours = SyncBatchNormalization(momentum=0.9, unbiased_moving_variance=unbiased, activation=activation)
     keras = tf.keras.layers.BatchNormalization(momentum=0.9)
+    keras_activation = tf.nn.relu if activation == "relu" else tf.identity
     results = []
-    for layer in (ours, keras):
+    for layer, after in ((ours, tf.identity), (keras, keras_activation)):
         layer.build(x.shape)
         layer.gamma.assign(np.arange(1, 5, dtype=np.float32))
         with tf.GradientTape() as tape:
             tape.watch(x)
-            y = layer(x, training=True)
+            y = after(layer(x, training=True))
             loss = tf.reduce_sum(y * tf.sin(x))
         results.append([y, *tape.gradient(loss, [x, layer.gamma, layer.beta]), layer.moving_mean, layer.moving_variance])
     for a, b in zip(*results):
         np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-4, atol=1e-4)
     # Inference uses the moving statistics, like Keras.
-    np.testing.assert_allclose(ours(x, training=False).numpy(), keras(x, training=False).numpy(), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(ours(x, training=False).numpy(), keras_activation(keras(x, training=False)).numpy(),
+                               rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
@@ -134,9 +142,12 @@ def test_mixed_precision_policy():
 def test_get_config_round_trip():
     layer = SyncBatchNormalization(axis=[1, 3], momentum=0.8, epsilon=1e-4, center=False, scale=True,
                                    gamma_initializer="he_normal", gamma_regularizer="l2",
-                                   beta_constraint="non_neg", unbiased_moving_variance=True, name="sbn")
+                                   beta_constraint="non_neg", unbiased_moving_variance=True, activation="relu",
+                                   name="sbn")
     config = layer.get_config()
+    assert config["activation"] == "relu" and config["unbiased_moving_variance"] is True
     clone = SyncBatchNormalization.from_config(config)
+    assert clone.activation == "relu"
     assert clone.get_config() == config
     restored = tf.keras.layers.deserialize(tf.keras.layers.serialize(layer))
     assert isinstance(restored, SyncBatchNormalization) and restored.get_config() == config
@@ -169,7 +180,7 @@ def test_frozen_layer_runs_in_inference_mode_and_passes_gradients():
 
 @pytest.mark.parametrize("kwargs, match", [
     (dict(momentum=1.5), "momentum"), (dict(epsilon=0.0), "epsilon"), (dict(axis="last"), "axis"),
-    (dict(axis=[]), "axis"),
+    (dict(axis=[]), "axis"), (dict(activation="tanh"), "activation"),
 ])
 def test_constructor_validation(kwargs, match):
     with pytest.raises(ValueError, match=match):
@@ -183,8 +194,9 @@ def test_build_validation(shape, axis, match):
         SyncBatchNormalization(axis=axis).build(shape)
 
 
+@pytest.mark.parametrize("activation", [None, "relu"])
 @pytest.mark.parametrize("shape", [(64, 5, 5, 8), (300, 3), (0, 4)], ids=["4d", "2d", "empty"])
-def test_cpu_kernels_equal_tensorflow_ops(shape, monkeypatch):
+def test_cpu_kernels_equal_tensorflow_ops(shape, activation, monkeypatch):
     """The single-pass kernels and the TensorFlow-ops path give the same outputs and gradients."""
     if not sync_bn_kernels.available():
         pytest.fail("SyncBatchNormalization CPU kernels are not built (python -m hvdtrain.sync_bn_kernels)")
@@ -194,9 +206,11 @@ def test_cpu_kernels_equal_tensorflow_ops(shape, monkeypatch):
     results = []
     for use_kernels in (True, False):
         monkeypatch.setattr(sync_bn_kernels, "available", lambda use=use_kernels: use)
-        layer = SyncBatchNormalization(momentum=0.5)
+        layer = SyncBatchNormalization(momentum=0.5, activation=activation)
         layer.build(x.shape)
-        layer.gamma.assign(np.linspace(0.5, 2.0, shape[-1]).astype(np.float32))
+        # A negative gamma and a nonzero beta, so that the ReLU mask depends on both.
+        layer.gamma.assign(np.linspace(-0.5, 2.0, shape[-1]).astype(np.float32))
+        layer.beta.assign(np.linspace(0.3, -0.2, shape[-1]).astype(np.float32))
         with tf.GradientTape() as tape:
             tape.watch(x)
             y = layer(x, training=True)
@@ -209,3 +223,20 @@ def test_cpu_kernels_equal_tensorflow_ops(shape, monkeypatch):
         results[-1] += tape.gradient(loss, [x, layer.gamma, layer.beta])
     for a, b in zip(*results):
         np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=2e-5, atol=2e-5)
+
+
+def test_kernels_built_from_another_source_are_not_loaded(monkeypatch, tmp_path):
+    """A library left from an older source (a pull without re-running the set-up) may not match the
+    calls: the layer warns and uses TensorFlow ops instead."""
+    stamp = tmp_path / "stamp"
+    stamp.write_text("tensorflow 2.15.1\nsource sha256 0\n")
+    monkeypatch.setattr(sync_bn_kernels, "STAMP", str(stamp))
+    sync_bn_kernels._library.cache_clear()
+    try:
+        with pytest.warns(UserWarning, match="was not built from this .* Rebuild with: python -m hvdtrain.sync_bn_kernels"):
+            assert sync_bn_kernels._library() is None
+        assert not sync_bn_kernels.available()
+    finally:
+        monkeypatch.undo()
+        sync_bn_kernels._library.cache_clear()
+    assert sync_bn_kernels.available()

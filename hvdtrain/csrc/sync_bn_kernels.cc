@@ -9,6 +9,12 @@
 // Every op sees its input as [rows, C] (channels-last, C = last dimension) and parallelises over
 // blocks of rows with TensorFlow's intra-op thread pool. Reductions accumulate per block in
 // float64 and combine the blocks in a fixed order, so results do not depend on thread timing.
+//
+// With the attribute relu=true the ops fuse a ReLU after the normalization (as TensorFlow fuses
+// FusedBatchNorm + Relu): the forward op writes max(z, 0) for z = (x - mean_hi) * scale + offset,
+// and the backward ops recompute z from x to mask dy where z <= 0, so the ReLU costs no memory pass
+// of its own either way. The library is built with -ffp-contract=off, so the recomputed z is
+// bit-identical to the forward one.
 #include <algorithm>
 #include <vector>
 
@@ -104,6 +110,51 @@ Status PerChannelPair(InferenceContext* c) {
   return Status();
 }
 
+// The normalized value before the optional ReLU; the forward and backward ops share it so that
+// the backward's ReLU mask is exactly the forward's.
+inline float Normalized(float x, float mean_hi, float scale, float offset) {
+  return (x - mean_hi) * scale + offset;
+}
+
+// ReLU that keeps NaN (as TensorFlow's Relu does), so a diverged step still shows non-finite values.
+inline float Relu(float z) { return z < 0.0f ? 0.0f : z; }
+
+// dy times the ReLU's derivative at z (1 where z > 0, else 0, as TensorFlow's ReluGrad), or dy
+// itself without the ReLU. A template parameter rather than a run-time flag, so that each inner
+// loop stays branch-free and vectorizes.
+template <bool kRelu>
+inline float MaskedDy(float dy, float x, float mean_hi, float scale, float offset) {
+  if (!kRelu) return dy;
+  return dy * static_cast<float>(Normalized(x, mean_hi, scale, offset) > 0.0f);
+}
+
+// Per-channel Σg and Σg·(x - mean_hi) over rows [r0, r1), g = MaskedDy<kRelu>.
+template <bool kRelu>
+void GradSumRows(const float* dy, const float* x, const float* h, const float* s, const float* o, int64_t C,
+                 int64_t r0, int64_t r1, double* sum_g, double* sum_g_centered) {
+  for (int64_t r = r0; r < r1; ++r) {
+    const float *dr = dy + r * C, *xr = x + r * C;
+    for (int64_t c = 0; c < C; ++c) {
+      const float g = MaskedDy<kRelu>(dr[c], xr[c], h[c], s[c], o[c]);
+      sum_g[c] += g;
+      sum_g_centered[c] += static_cast<double>(g) * static_cast<double>(xr[c] - h[c]);
+    }
+  }
+}
+
+// dx = scale·g + b·(x - mean_hi) + c over rows [r0, r1), g = MaskedDy<kRelu>.
+template <bool kRelu>
+void GradInputRows(const float* dy, const float* x, const float* h, const float* s, const float* o,
+                   const float* b, const float* c, int64_t C, int64_t r0, int64_t r1, float* dx) {
+  for (int64_t r = r0; r < r1; ++r) {
+    const float *dr = dy + r * C, *xr = x + r * C;
+    float* dxr = dx + r * C;
+    for (int64_t k = 0; k < C; ++k) {
+      dxr[k] = s[k] * MaskedDy<kRelu>(dr[k], xr[k], h[k], s[k], o[k]) + b[k] * (xr[k] - h[k]) + c[k];
+    }
+  }
+}
+
 Status SameAsFirst(InferenceContext* c) {
   c->set_output(0, c->input(0));
   return Status();
@@ -156,12 +207,15 @@ REGISTER_OP("HvdtrainSyncBnNormalize")
     .Input("scale: float")
     .Input("offset: float")
     .Output("y: float")
+    .Attr("relu: bool = false")
     .SetShapeFn(SameAsFirst)
-    .Doc("y = (x - mean_hi) * scale + offset, per channel (last axis).");
+    .Doc("y = (x - mean_hi) * scale + offset, per channel (last axis); then max(y, 0) if relu.");
 
 class NormalizeOp : public OpKernel {
  public:
-  using OpKernel::OpKernel;
+  explicit NormalizeOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("relu", &relu_));
+  }
   void Compute(OpKernelContext* ctx) override {
     const Tensor& x = ctx->input(0);
     const Tensor &hi = ctx->input(1), &scale = ctx->input(2), &offset = ctx->input(3);
@@ -173,14 +227,22 @@ class NormalizeOp : public OpKernel {
     const float *s = scale.flat<float>().data(), *o = offset.flat<float>().data();
     float* yp = y->flat<float>().data();
     const int64_t C = v.channels;
+    const bool relu = relu_;
     ForBlocks(ctx, v, 3 * C, [&](int64_t r0, int64_t r1, int64_t) {
       for (int64_t r = r0; r < r1; ++r) {
         const float* xr = xp + r * C;
         float* yr = yp + r * C;
-        for (int64_t c = 0; c < C; ++c) yr[c] = (xr[c] - h[c]) * s[c] + o[c];
+        if (relu) {
+          for (int64_t c = 0; c < C; ++c) yr[c] = Relu(Normalized(xr[c], h[c], s[c], o[c]));
+        } else {
+          for (int64_t c = 0; c < C; ++c) yr[c] = Normalized(xr[c], h[c], s[c], o[c]);
+        }
       }
     });
   }
+
+ private:
+  bool relu_ = false;
 };
 REGISTER_KERNEL_BUILDER(Name("HvdtrainSyncBnNormalize").Device(DEVICE_CPU), NormalizeOp);
 
@@ -189,35 +251,42 @@ REGISTER_OP("HvdtrainSyncBnGradSums")
     .Input("dy: float")
     .Input("x: float")
     .Input("mean_hi: float")
+    .Input("scale: float")
+    .Input("offset: float")
     .Output("sum_dy: double")
     .Output("sum_dy_centered: double")
+    .Attr("relu: bool = false")
     .SetShapeFn(PerChannelPair)
-    .Doc("Per channel: sum of dy and of dy * (x - mean_hi), accumulated in float64.");
+    .Doc("Per channel: sum of g and of g * (x - mean_hi), accumulated in float64, where g = dy, or "
+         "with relu dy masked to 0 where (x - mean_hi) * scale + offset <= 0 (scale, offset unused "
+         "otherwise).");
 
 class GradSumsOp : public OpKernel {
  public:
-  using OpKernel::OpKernel;
+  explicit GradSumsOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("relu", &relu_));
+  }
   void Compute(OpKernelContext* ctx) override {
     const Tensor &dy = ctx->input(0), &x = ctx->input(1), &hi = ctx->input(2);
+    const Tensor &scale = ctx->input(3), &offset = ctx->input(4);
     OP_REQUIRES(ctx, dy.shape() == x.shape(), InvalidArgument("dy and x shapes differ"));
     View v;
-    if (!MakeView(ctx, x, {&hi}, &v)) return;
+    if (!MakeView(ctx, x, {&hi, &scale, &offset}, &v)) return;
     Tensor *s1, *s2;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({v.channels}), &s1));
     OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({v.channels}), &s2));
     const float *dp = dy.flat<float>().data(), *xp = x.flat<float>().data(), *h = hi.flat<float>().data();
+    const float *s = scale.flat<float>().data(), *o = offset.flat<float>().data();
     const int64_t C = v.channels;
+    const bool relu = relu_;
     BlockedSums(ctx, v, 5 * C, s1->flat<double>().data(), s2->flat<double>().data(),
                 [&](int64_t r0, int64_t r1, double* a, double* b) {
-                  for (int64_t r = r0; r < r1; ++r) {
-                    const float *dr = dp + r * C, *xr = xp + r * C;
-                    for (int64_t c = 0; c < C; ++c) {
-                      a[c] += dr[c];
-                      b[c] += static_cast<double>(dr[c]) * static_cast<double>(xr[c] - h[c]);
-                    }
-                  }
+                  (relu ? GradSumRows<true> : GradSumRows<false>)(dp, xp, h, s, o, C, r0, r1, a, b);
                 });
   }
+
+ private:
+  bool relu_ = false;
 };
 REGISTER_KERNEL_BUILDER(Name("HvdtrainSyncBnGradSums").Device(DEVICE_CPU), GradSumsOp);
 
@@ -226,36 +295,42 @@ REGISTER_OP("HvdtrainSyncBnGradInput")
     .Input("dy: float")
     .Input("x: float")
     .Input("mean_hi: float")
-    .Input("a: float")
+    .Input("scale: float")
+    .Input("offset: float")
     .Input("b: float")
     .Input("c: float")
     .Output("dx: float")
+    .Attr("relu: bool = false")
     .SetShapeFn(SameAsFirst)
-    .Doc("dx = a * dy + b * (x - mean_hi) + c, per channel (last axis).");
+    .Doc("dx = scale * g + b * (x - mean_hi) + c, per channel (last axis), where g = dy, or with "
+         "relu dy masked to 0 where (x - mean_hi) * scale + offset <= 0 (offset unused otherwise).");
 
 class GradInputOp : public OpKernel {
  public:
-  using OpKernel::OpKernel;
+  explicit GradInputOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("relu", &relu_));
+  }
   void Compute(OpKernelContext* ctx) override {
     const Tensor &dy = ctx->input(0), &x = ctx->input(1), &hi = ctx->input(2);
-    const Tensor &a = ctx->input(3), &b = ctx->input(4), &c = ctx->input(5);
+    const Tensor &scale = ctx->input(3), &offset = ctx->input(4), &b = ctx->input(5), &c = ctx->input(6);
     OP_REQUIRES(ctx, dy.shape() == x.shape(), InvalidArgument("dy and x shapes differ"));
     View v;
-    if (!MakeView(ctx, x, {&hi, &a, &b, &c}, &v)) return;
+    if (!MakeView(ctx, x, {&hi, &scale, &offset, &b, &c}, &v)) return;
     Tensor* dx;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, x.shape(), &dx));
     const float *dp = dy.flat<float>().data(), *xp = x.flat<float>().data(), *h = hi.flat<float>().data();
-    const float *ap = a.flat<float>().data(), *bp = b.flat<float>().data(), *cp = c.flat<float>().data();
+    const float *s = scale.flat<float>().data(), *o = offset.flat<float>().data();
+    const float *bp = b.flat<float>().data(), *cp = c.flat<float>().data();
     float* out = dx->flat<float>().data();
     const int64_t C = v.channels;
+    const bool relu = relu_;
     ForBlocks(ctx, v, 5 * C, [&](int64_t r0, int64_t r1, int64_t) {
-      for (int64_t r = r0; r < r1; ++r) {
-        const float *dr = dp + r * C, *xr = xp + r * C;
-        float* o = out + r * C;
-        for (int64_t k = 0; k < C; ++k) o[k] = ap[k] * dr[k] + bp[k] * (xr[k] - h[k]) + cp[k];
-      }
+      (relu ? GradInputRows<true> : GradInputRows<false>)(dp, xp, h, s, o, bp, cp, C, r0, r1, out);
     });
   }
+
+ private:
+  bool relu_ = false;
 };
 REGISTER_KERNEL_BUILDER(Name("HvdtrainSyncBnGradInput").Device(DEVICE_CPU), GradInputOp);
 

@@ -12,7 +12,7 @@ from hvdtrain.dist import init_distributed
 
 
 def cases(world_size: int) -> dict:
-    """name -> dict(shape=per-example shape, axis, sizes per rank, loc, scale). Same on every rank."""
+    """name -> dict(shape=per-example shape, axis, sizes per rank, loc, scale[, activation]). Same on every rank."""
     r = world_size
     uneven = [3, 13, 6, 9][:r]
     return {
@@ -23,7 +23,13 @@ def cases(world_size: int) -> dict:
         "rank2": dict(shape=(7,), axis=-1, sizes=[5] * r, loc=3.0, scale=0.1),
         "rank3": dict(shape=(4, 5), axis=-1, sizes=[3] * r, loc=0.0, scale=3.0),
         "channels_first": dict(shape=(4, 3, 3), axis=1, sizes=[2] * r, loc=1.0, scale=1.0),
+        # The fused ReLU: on the CPU kernels (channels-last) and on the TensorFlow ops (channels-first).
+        "relu_uneven": dict(shape=(3, 3, 4), axis=-1, sizes=uneven, loc=0.5, scale=2.0, activation="relu"),
+        "relu_channels_first": dict(shape=(4, 3, 3), axis=1, sizes=[3] * r, loc=1.0, scale=1.0, activation="relu"),
     }
+
+# Run as a compiled tf.function (as in training); the other cases run eagerly.
+GRAPH_CASES = ("equal_nhwc", "relu_uneven")
 
 
 def case_data(name: str, case: dict):
@@ -34,6 +40,8 @@ def case_data(name: str, case: dict):
     w = rng.standard_normal(x.shape).astype(np.float32)
     channels = case["shape"][case["axis"]] if case["axis"] != 1 else case["shape"][0]
     gamma = (1.0 + 0.3 * rng.standard_normal(channels)).astype(np.float32)
+    if case.get("activation"):
+        gamma[0] = -gamma[0]  # the ReLU mask then depends on gamma's sign too
     beta = (0.2 * rng.standard_normal(channels)).astype(np.float32)
     return x, w, gamma, beta
 
@@ -50,7 +58,8 @@ def main(out_dir: str) -> None:
         start = sum(case["sizes"][:ctx.rank])
         sl = slice(start, start + case["sizes"][ctx.rank])
         x_local, w_local = tf.constant(x[sl]), tf.constant(w[sl])
-        layer = SyncBatchNormalization(axis=case["axis"], momentum=0.9, epsilon=1e-3)
+        layer = SyncBatchNormalization(axis=case["axis"], momentum=0.9, epsilon=1e-3,
+                                       activation=case.get("activation"))
         layer.build(x_local.shape)
         layer.gamma.assign(gamma)
         layer.beta.assign(beta)
@@ -62,8 +71,7 @@ def main(out_dir: str) -> None:
                 loss = tf.reduce_sum(y * w_local)
             return (y, *tape.gradient(loss, [x_in, layer.gamma, layer.beta]))
 
-        # Graph mode (as in training) for one case, eager for the others.
-        fn = tf.function(forward_backward) if name == "equal_nhwc" else forward_backward
+        fn = tf.function(forward_backward) if name in GRAPH_CASES else forward_backward
         y, dx, dgamma, dbeta = fn(x_local)
         results.update({f"{name}/y": y.numpy(), f"{name}/dx": dx.numpy(), f"{name}/dgamma": dgamma.numpy(),
                         f"{name}/dbeta": dbeta.numpy(), f"{name}/moving_mean": layer.moving_mean.numpy(),
