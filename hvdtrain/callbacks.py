@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from typing import List, Optional, Tuple
 
 
@@ -122,29 +123,57 @@ class JsonlMetrics(Callback):
 
 
 class TensorBoard(Callback):
-    """Scalars for TensorBoard under ``<log_dir>/tensorboard``: running metrics by step, epoch metrics by epoch."""
+    """Scalars for TensorBoard under ``<log_dir>/tensorboard``: running metrics by global step in
+    ``steps/``, epoch metrics by epoch in ``epochs/`` (two TensorBoard runs, one per step axis).
+
+    A resumed run repeats the steps and the epoch after its checkpoint, which the interrupted run
+    may have logged already (after its last checkpoint, or before a save that failed). At the start
+    of each epoch this callback writes TensorBoard's restart marker, a ``SessionLog`` START event at
+    the first step and epoch it is about to log (the convention of TF1's ``FileWriter``), so that
+    TensorBoard drops the earlier points at or after them instead of plotting both. (The marker
+    drops every point of its run at or after its step, hence one run per step axis.) The events are
+    written with TensorBoard's own ``EventFileWriter``.
+    """
 
     def __init__(self, log_dir: str, steps_per_epoch: int):
-        import tensorflow as tf
+        from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
-        self._tf = tf
-        self._writer = tf.summary.create_file_writer(os.path.join(log_dir, "tensorboard"))
+        root = os.path.join(log_dir, "tensorboard")
+        self._writers = {axis: EventFileWriter(os.path.join(root, axis)) for axis in ("steps", "epochs")}
         self._steps_per_epoch = steps_per_epoch
+
+    def _write(self, axis: str, step: int, **fields) -> None:
+        from tensorboard.compat.proto.event_pb2 import Event
+
+        self._writers[axis].add_event(Event(wall_time=time.time(), step=step, **fields))
+
+    def _scalars(self, axis: str, step: int, values: dict) -> None:
+        from tensorboard.compat.proto.summary_pb2 import Summary
+
+        self._write(axis, step, summary=Summary(
+            value=[Summary.Value(tag=tag, simple_value=float(value)) for tag, value in values.items()]))
+
+    def on_epoch_begin(self, epoch, steps, first_step=0):
+        from tensorboard.compat.proto.event_pb2 import SessionLog
+
+        # Nothing at or after these steps is this run's yet: TensorBoard drops what is there.
+        self._write("steps", epoch * self._steps_per_epoch + first_step + 1,
+                    session_log=SessionLog(status=SessionLog.START))
+        self._write("epochs", epoch + 1, session_log=SessionLog(status=SessionLog.START))
 
     def on_step_end(self, epoch, step, running):
         if running:
-            with self._writer.as_default(step=epoch * self._steps_per_epoch + step + 1):
-                self._tf.summary.scalar("running/loss", running["loss"])
-                self._tf.summary.scalar("running/accuracy", running["accuracy"])
+            self._scalars("steps", epoch * self._steps_per_epoch + step + 1,
+                          {"running/loss": running["loss"], "running/accuracy": running["accuracy"]})
 
     def on_epoch_end(self, epoch, metrics):
-        with self._writer.as_default(step=epoch + 1):
-            for key, value in metrics.items():
-                self._tf.summary.scalar(f"epoch/{key}", value)
-        self._writer.flush()
+        self._scalars("epochs", epoch + 1, {f"epoch/{key}": value for key, value in metrics.items()})
+        for writer in self._writers.values():
+            writer.flush()
 
     def close(self):
-        self._writer.close()
+        for writer in self._writers.values():
+            writer.close()
 
 
 class Checkpointer(Callback):

@@ -1,8 +1,10 @@
-"""Rank 0's callbacks that need no ranks: the progress bar, metrics.jsonl on a resumed run."""
+"""Rank 0's callbacks that need no ranks: the progress bar, metrics.jsonl and TensorBoard on a resumed run."""
 import io
 import json
+import time
 
-from hvdtrain.callbacks import JsonlMetrics, ProgressBar, logged_epochs
+from hvdtrain.callbacks import JsonlMetrics, ProgressBar, TensorBoard, logged_epochs
+from tests.logs import tensorboard_scalars
 
 
 class _Terminal(io.StringIO):
@@ -39,3 +41,30 @@ def test_a_resumed_run_drops_the_epochs_after_its_checkpoint_and_a_cut_line(tmp_
     metrics.on_epoch_end(2, {"x": 30})
     assert [json.loads(line) for line in path.read_text().splitlines()] == [
         {"epoch": 1, "x": 1}, {"epoch": 2, "x": 2}, {"epoch": 3, "x": 30}]
+
+
+def _tensorboard_run(log_dir, start_epoch, first_step, epochs, steps, value):
+    """Log epochs ``start_epoch`` ... ``epochs - 1`` (the first from ``first_step``) as the trainer
+    calls the callback, every step's running metrics and every epoch's metrics equal to ``value``."""
+    board = TensorBoard(str(log_dir), steps_per_epoch=steps)
+    for epoch in range(start_epoch, epochs):
+        first = first_step if epoch == start_epoch else 0
+        board.on_epoch_begin(epoch, steps, first)
+        for step in range(first, steps):
+            board.on_step_end(epoch, step, {"loss": value, "accuracy": value})
+        board.on_epoch_end(epoch, {"test_accuracy": value})
+    board.close()
+
+
+def test_tensorboard_shows_a_resumed_run_once(tmp_path):
+    """The interrupted run logged 3 epochs of 4 steps; the resumed one restarts at step 2 of epoch 2
+    (a mid-epoch checkpoint). TensorBoard must show every step and epoch once, the resumed run's
+    values from there on."""
+    _tensorboard_run(tmp_path, start_epoch=0, first_step=0, epochs=3, steps=4, value=1.0)
+    time.sleep(1.1)  # a later event file, as a real resume makes (the file name holds the time in seconds)
+    _tensorboard_run(tmp_path, start_epoch=1, first_step=2, epochs=4, steps=4, value=2.0)
+    steps = tensorboard_scalars(tmp_path / "tensorboard" / "steps")
+    assert set(steps) == {"running/loss", "running/accuracy"}
+    assert steps["running/loss"] == [(s, 1.0) for s in range(1, 7)] + [(s, 2.0) for s in range(7, 17)]
+    epochs = tensorboard_scalars(tmp_path / "tensorboard" / "epochs")
+    assert epochs == {"epoch/test_accuracy": [(1, 1.0), (2, 2.0), (3, 2.0), (4, 2.0)]}

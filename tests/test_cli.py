@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from tests.logs import tensorboard_scalars
 from tests.ranks import REPO, command, rank_env, run_ranks
 
 FAST = ["--dataset", "synthetic", "--model", "tests.models:mlp", "--batch-size", "64", "--no-progress",
@@ -196,7 +197,7 @@ def test_diverging_loss_stops_every_rank_and_keeps_the_last_checkpoint(tmp_path)
 def test_resume_mid_epoch_is_exact(tmp_path):
     """A crash right after a mid-epoch checkpoint (simulated by removing everything written after
     it), then --resume, ends with the weights and metrics of the uninterrupted run."""
-    common = [*FAST, "--epochs", "2", "--checkpoint-every", "10", "--keep-checkpoints", "100"]
+    common = [*FAST, "--epochs", "2", "--checkpoint-every", "10", "--keep-checkpoints", "100", "--log-every", "5"]
     whole, crashed = tmp_path / "whole", tmp_path / "crashed"
     hvdtrain(2, [*common, "--log-dir", str(whole)])
     hvdtrain(2, [*common, "--log-dir", str(crashed)])
@@ -214,6 +215,11 @@ def test_resume_mid_epoch_is_exact(tmp_path):
     for m_whole, m_resumed in zip(metrics(whole), metrics(crashed)):
         for key in ("epoch", "train_loss", "train_accuracy", "test_loss", "test_accuracy"):
             assert m_resumed[key] == pytest.approx(m_whole[key], rel=1e-6), key
+    # TensorBoard shows each epoch once, the resumed run's, though the crashed run had logged epoch 2.
+    board = tensorboard_scalars(crashed / "tensorboard" / "epochs")["epoch/test_accuracy"]
+    assert board == [(m["epoch"], pytest.approx(m["test_accuracy"], rel=1e-6)) for m in metrics(crashed)]
+    steps = [step for step, _ in tensorboard_scalars(crashed / "tensorboard" / "steps")["running/loss"]]
+    assert steps == sorted(set(steps)) and steps[-1] == 92  # every 5th step of 47 per epoch, each once
 
 
 def test_gradient_accumulation_with_a_short_last_batch_and_resume_is_exact(tmp_path):
