@@ -28,18 +28,52 @@ def test_synchronized_batch_norm_applies_the_relu_after_it_itself(build, with_re
     assert _count(local, tf.keras.layers.ReLU) == with_relu + _count(fused, tf.keras.layers.ReLU)
 
 
-@pytest.mark.parametrize("build", [seed_cnn, resnet20], ids=["cnn", "resnet20"])
-def test_a_checkpoint_of_the_model_with_separate_relu_layers_restores_into_the_fused_one(build, tmp_path):
-    """Checkpoints written before the ReLU was fused (a ReLU layer after each batch norm) still resume."""
-    apart = build((28, 28, 1), 10, norm=unfused_norm(functools.partial(SyncBatchNormalization, momentum=0.9)))
+def _resnet20_before_fusion(input_shape, num_classes, make_norm_layer):
+    """ResNet-20 as hvdtrain built it before the ReLU was fused into the batch norm layers (up to
+    commit 0f0a461): the same layers, created in the same order, with ReLU layers of their own.
+    Its checkpoints must resume in the fused model."""
+    def conv(filters, kernel, strides=1):
+        return tf.keras.layers.Conv2D(filters, kernel, strides, padding="same", use_bias=False,
+                                      kernel_initializer="he_normal")
+
+    inputs = tf.keras.Input(input_shape)
+    x = tf.keras.layers.ReLU()(make_norm_layer()(conv(16, 3)(inputs)))
+    for stage, filters in enumerate((16, 32, 64)):
+        for block in range(3):
+            strides = 2 if stage > 0 and block == 0 else 1
+            shortcut = x
+            y = tf.keras.layers.ReLU()(make_norm_layer()(conv(filters, 3, strides)(x)))
+            y = make_norm_layer()(conv(filters, 3)(y))
+            if strides != 1 or shortcut.shape[-1] != filters:
+                shortcut = make_norm_layer()(conv(filters, 1, strides)(shortcut))
+            x = tf.keras.layers.ReLU()(tf.keras.layers.Add()([shortcut, y]))
+    x = tf.keras.layers.GlobalAveragePooling2D()(x)
+    return tf.keras.Model(inputs, tf.keras.layers.Dense(num_classes)(x))
+
+
+BEFORE_FUSION = {
+    "cnn": (seed_cnn, lambda shape, classes, make_norm_layer: seed_cnn(shape, classes, norm=unfused_norm(make_norm_layer),
+                                                                       dropout=0.0)),
+    "resnet20": (resnet20, _resnet20_before_fusion),
+}
+
+
+@pytest.mark.parametrize("name", list(BEFORE_FUSION))
+def test_a_checkpoint_of_the_model_before_fusion_restores_into_the_fused_one(name, tmp_path):
+    """Checkpoints written before the ReLU was fused resume into the same function: after the
+    restore, both models give the same outputs."""
+    build, build_before = BEFORE_FUSION[name]
+    before = build_before((28, 28, 1), 10, functools.partial(SyncBatchNormalization, momentum=0.9))
     rng = np.random.default_rng(0)
-    for v in apart.variables:
-        v.assign(rng.normal(size=v.shape).astype(v.dtype.as_numpy_dtype))
-    path = tf.train.Checkpoint(model=apart).write(str(tmp_path / "state"))
-    fused = build((28, 28, 1), 10)
+    for v in before.variables:
+        values = rng.normal(size=v.shape)
+        v.assign((np.abs(values) + 0.5 if "moving_variance" in v.name else values).astype(v.dtype.as_numpy_dtype))
+    path = tf.train.Checkpoint(model=before).write(str(tmp_path / "state"))
+    fused = build((28, 28, 1), 10, dropout=0.0) if build is seed_cnn else build((28, 28, 1), 10)
     tf.train.Checkpoint(model=fused).read(path).assert_existing_objects_matched()
-    for a, b in zip(apart.get_weights(), fused.get_weights(), strict=True):
-        np.testing.assert_array_equal(a, b)
+    images = rng.uniform(size=(4, 28, 28, 1)).astype(np.float32)
+    np.testing.assert_allclose(fused(images, training=False).numpy(), before(images, training=False).numpy(),
+                               rtol=1e-5, atol=1e-5)
 
 
 def _dropout_model(rank: int):
