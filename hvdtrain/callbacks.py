@@ -127,20 +127,30 @@ class TensorBoard(Callback):
     ``steps/``, epoch metrics by epoch in ``epochs/`` (two TensorBoard runs, one per step axis).
 
     A resumed run repeats the steps and the epoch after its checkpoint, which the interrupted run
-    may have logged already (after its last checkpoint, or before a save that failed). At the start
-    of each epoch this callback writes TensorBoard's restart marker, a ``SessionLog`` START event at
-    the first step and epoch it is about to log (the convention of TF1's ``FileWriter``), so that
-    TensorBoard drops the earlier points at or after them instead of plotting both. (The marker
-    drops every point of its run at or after its step, hence one run per step axis.) The events are
-    written with TensorBoard's own ``EventFileWriter``.
+    may have logged already (after its last checkpoint, or before a save that failed). With
+    ``restart_markers``, at the start of each epoch this callback writes TensorBoard's restart
+    marker, a ``SessionLog`` START event at the first step and epoch it is about to log (the
+    convention of TF1's ``FileWriter``), and TensorBoard's Python event loader
+    (``--load_fast=false``) drops the earlier points at or after them instead of plotting both. (The
+    marker drops every point of its run at or after its step, hence one run per step axis.)
+    TensorBoard's default, faster loader ignores the marker, but keeps one point per step of a tag,
+    the later. The events are written with TensorBoard's own ``EventFileWriter``.
+
+    Args:
+        log_dir: the run directory; events go to ``log_dir/tensorboard/{steps,epochs}``.
+        steps_per_epoch: steps per epoch, to number the running metrics by global step.
+        restart_markers: write the markers. Not in an elastic job: its steps per epoch change
+            with its world size, so its global steps are no fixed axis, and a marker could drop
+            points of epochs that are done.
     """
 
-    def __init__(self, log_dir: str, steps_per_epoch: int):
+    def __init__(self, log_dir: str, steps_per_epoch: int, restart_markers: bool = True):
         from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
         root = os.path.join(log_dir, "tensorboard")
         self._writers = {axis: EventFileWriter(os.path.join(root, axis)) for axis in ("steps", "epochs")}
         self._steps_per_epoch = steps_per_epoch
+        self._restart_markers = restart_markers
 
     def _write(self, axis: str, step: int, **fields) -> None:
         from tensorboard.compat.proto.event_pb2 import Event
@@ -154,6 +164,8 @@ class TensorBoard(Callback):
             value=[Summary.Value(tag=tag, simple_value=float(value)) for tag, value in values.items()]))
 
     def on_epoch_begin(self, epoch, steps, first_step=0):
+        if not self._restart_markers:
+            return
         from tensorboard.compat.proto.event_pb2 import SessionLog
 
         # Nothing at or after these steps is this run's yet: TensorBoard drops what is there.
@@ -174,6 +186,18 @@ class TensorBoard(Callback):
     def close(self):
         for writer in self._writers.values():
             writer.close()
+
+
+def close_all(callbacks: List[Callback]) -> None:
+    """Close every callback, even when one fails (a full disk while flushing logs, say): a failure
+    is printed as a warning, so that it neither keeps the others open nor replaces the error (or
+    the result) the run ends with. Checkpoints and ``metrics.jsonl`` are written before this."""
+    for cb in callbacks:
+        try:
+            cb.close()
+        except Exception as e:  # noqa: BLE001 -- reported, not raised (see above)
+            print(f"hvdtrain: warning: closing {type(cb).__name__} failed: {type(e).__name__}: {e}",
+                  file=sys.stderr, flush=True)
 
 
 class Checkpointer(Callback):

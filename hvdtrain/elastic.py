@@ -235,8 +235,7 @@ def train_elastic(config: Config, ctx: DistContext, dataset, fingerprint: dict, 
             # (horovod/horovod#3494: skipping it there deadlocks).
             raise HostsUpdatedInterrupt(False) from None
         finally:
-            for cb in callbacks:
-                cb.close()
+            cbs.close_all(callbacks)
 
     def train(state: TrainingState) -> dict:
         with _peer_loss_as_reset():  # a worker lost mid-collective: roll back and go on without it

@@ -423,7 +423,7 @@ def chief_callbacks(config: Config, run_dir: str, manager: CheckpointManager, pl
     return ([cbs.ProgressBar()] if config.log.progress else []) + [
         cbs.EpochLine(config.epochs),
         cbs.JsonlMetrics(run_dir),
-        cbs.TensorBoard(run_dir, plan.steps_per_epoch),
+        cbs.TensorBoard(run_dir, plan.steps_per_epoch, restart_markers=not config.elastic.enabled),
         cbs.Checkpointer(manager, meta, plan, optimizer.iterations, every_steps=config.checkpoint.every_steps),
     ]
 
@@ -640,8 +640,7 @@ def run(config: Config) -> dict:
             defer_stop_signals()
             error.run_dir = run_dir if ckpt_dir and os.path.isdir(ckpt_dir) else None
         watchdog.close()
-        for cb in callbacks:
-            cb.close()
+        cbs.close_all(callbacks)
         # Not after Ctrl-C either: Horovod's shutdown would wait for peers that may still be running.
         if not isinstance(error, KeyboardInterrupt) and not getattr(error, "skip_horovod_shutdown", False):
             ctx.close()

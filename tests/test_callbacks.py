@@ -3,7 +3,7 @@ import io
 import json
 import time
 
-from hvdtrain.callbacks import JsonlMetrics, ProgressBar, TensorBoard, logged_epochs
+from hvdtrain.callbacks import Callback, JsonlMetrics, ProgressBar, TensorBoard, close_all, logged_epochs
 from tests.logs import tensorboard_scalars
 
 
@@ -43,10 +43,10 @@ def test_a_resumed_run_drops_the_epochs_after_its_checkpoint_and_a_cut_line(tmp_
         {"epoch": 1, "x": 1}, {"epoch": 2, "x": 2}, {"epoch": 3, "x": 30}]
 
 
-def _tensorboard_run(log_dir, start_epoch, first_step, epochs, steps, value):
+def _tensorboard_run(log_dir, start_epoch, first_step, epochs, steps, value, restart_markers=True):
     """Log epochs ``start_epoch`` ... ``epochs - 1`` (the first from ``first_step``) as the trainer
     calls the callback, every step's running metrics and every epoch's metrics equal to ``value``."""
-    board = TensorBoard(str(log_dir), steps_per_epoch=steps)
+    board = TensorBoard(str(log_dir), steps_per_epoch=steps, restart_markers=restart_markers)
     for epoch in range(start_epoch, epochs):
         first = first_step if epoch == start_epoch else 0
         board.on_epoch_begin(epoch, steps, first)
@@ -68,3 +68,32 @@ def test_tensorboard_shows_a_resumed_run_once(tmp_path):
     assert steps["running/loss"] == [(s, 1.0) for s in range(1, 7)] + [(s, 2.0) for s in range(7, 17)]
     epochs = tensorboard_scalars(tmp_path / "tensorboard" / "epochs")
     assert epochs == {"epoch/test_accuracy": [(1, 1.0), (2, 2.0), (3, 2.0), (4, 2.0)]}
+
+
+def test_tensorboard_writes_no_restart_markers_when_told(tmp_path):
+    """An elastic job's global steps move with its world size: no marker may drop its points."""
+    from tensorboard.backend.event_processing.event_file_loader import LegacyEventFileLoader
+
+    _tensorboard_run(tmp_path, start_epoch=0, first_step=0, epochs=2, steps=3, value=1.0, restart_markers=False)
+    events = [e for axis in ("steps", "epochs") for path in (tmp_path / "tensorboard" / axis).iterdir()
+              for e in LegacyEventFileLoader(str(path)).Load()]
+    assert events and not any(e.HasField("session_log") for e in events)
+    assert tensorboard_scalars(tmp_path / "tensorboard" / "epochs") == {"epoch/test_accuracy": [(1, 1.0), (2, 1.0)]}
+
+
+class _Closing(Callback):
+    def __init__(self, error=None):
+        self.error, self.closed = error, False
+
+    def close(self):
+        self.closed = True
+        if self.error:
+            raise self.error
+
+
+def test_close_all_closes_every_callback_and_warns_of_a_failure(capsys):
+    callbacks = [_Closing(OSError(28, "No space left on device")), _Closing()]
+    close_all(callbacks)
+    assert all(cb.closed for cb in callbacks)
+    assert capsys.readouterr().err == ("hvdtrain: warning: closing _Closing failed: OSError: [Errno 28] No space left "
+                                       "on device\n")
