@@ -155,6 +155,31 @@ void GradInputRows(const float* dy, const float* x, const float* h, const float*
   }
 }
 
+// y = [ReLU of] the normalized value over rows [r0, r1).
+template <bool kRelu>
+void NormalizeRows(const float* x, const float* h, const float* s, const float* o, int64_t C, int64_t r0,
+                   int64_t r1, float* y) {
+  for (int64_t r = r0; r < r1; ++r) {
+    const float* xr = x + r * C;
+    float* yr = y + r * C;
+    for (int64_t c = 0; c < C; ++c) {
+      const float z = Normalized(xr[c], h[c], s[c], o[c]);
+      yr[c] = kRelu ? Relu(z) : z;
+    }
+  }
+}
+
+// The ops with the `relu` attribute (fused ReLU) read it once, here.
+class FusedReluKernel : public OpKernel {
+ public:
+  explicit FusedReluKernel(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("relu", &relu_));
+  }
+
+ protected:
+  bool relu_ = false;
+};
+
 Status SameAsFirst(InferenceContext* c) {
   c->set_output(0, c->input(0));
   return Status();
@@ -211,11 +236,9 @@ REGISTER_OP("HvdtrainSyncBnNormalize")
     .SetShapeFn(SameAsFirst)
     .Doc("y = (x - mean_hi) * scale + offset, per channel (last axis); then max(y, 0) if relu.");
 
-class NormalizeOp : public OpKernel {
+class NormalizeOp : public FusedReluKernel {
  public:
-  explicit NormalizeOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("relu", &relu_));
-  }
+  using FusedReluKernel::FusedReluKernel;
   void Compute(OpKernelContext* ctx) override {
     const Tensor& x = ctx->input(0);
     const Tensor &hi = ctx->input(1), &scale = ctx->input(2), &offset = ctx->input(3);
@@ -227,22 +250,10 @@ class NormalizeOp : public OpKernel {
     const float *s = scale.flat<float>().data(), *o = offset.flat<float>().data();
     float* yp = y->flat<float>().data();
     const int64_t C = v.channels;
-    const bool relu = relu_;
     ForBlocks(ctx, v, 3 * C, [&](int64_t r0, int64_t r1, int64_t) {
-      for (int64_t r = r0; r < r1; ++r) {
-        const float* xr = xp + r * C;
-        float* yr = yp + r * C;
-        if (relu) {
-          for (int64_t c = 0; c < C; ++c) yr[c] = Relu(Normalized(xr[c], h[c], s[c], o[c]));
-        } else {
-          for (int64_t c = 0; c < C; ++c) yr[c] = Normalized(xr[c], h[c], s[c], o[c]);
-        }
-      }
+      (relu_ ? NormalizeRows<true> : NormalizeRows<false>)(xp, h, s, o, C, r0, r1, yp);
     });
   }
-
- private:
-  bool relu_ = false;
 };
 REGISTER_KERNEL_BUILDER(Name("HvdtrainSyncBnNormalize").Device(DEVICE_CPU), NormalizeOp);
 
@@ -261,11 +272,9 @@ REGISTER_OP("HvdtrainSyncBnGradSums")
          "with relu dy masked to 0 where (x - mean_hi) * scale + offset <= 0 (scale, offset unused "
          "otherwise).");
 
-class GradSumsOp : public OpKernel {
+class GradSumsOp : public FusedReluKernel {
  public:
-  explicit GradSumsOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("relu", &relu_));
-  }
+  using FusedReluKernel::FusedReluKernel;
   void Compute(OpKernelContext* ctx) override {
     const Tensor &dy = ctx->input(0), &x = ctx->input(1), &hi = ctx->input(2);
     const Tensor &scale = ctx->input(3), &offset = ctx->input(4);
@@ -278,15 +287,11 @@ class GradSumsOp : public OpKernel {
     const float *dp = dy.flat<float>().data(), *xp = x.flat<float>().data(), *h = hi.flat<float>().data();
     const float *s = scale.flat<float>().data(), *o = offset.flat<float>().data();
     const int64_t C = v.channels;
-    const bool relu = relu_;
     BlockedSums(ctx, v, 5 * C, s1->flat<double>().data(), s2->flat<double>().data(),
                 [&](int64_t r0, int64_t r1, double* a, double* b) {
-                  (relu ? GradSumRows<true> : GradSumRows<false>)(dp, xp, h, s, o, C, r0, r1, a, b);
+                  (relu_ ? GradSumRows<true> : GradSumRows<false>)(dp, xp, h, s, o, C, r0, r1, a, b);
                 });
   }
-
- private:
-  bool relu_ = false;
 };
 REGISTER_KERNEL_BUILDER(Name("HvdtrainSyncBnGradSums").Device(DEVICE_CPU), GradSumsOp);
 
@@ -305,11 +310,9 @@ REGISTER_OP("HvdtrainSyncBnGradInput")
     .Doc("dx = scale * g + b * (x - mean_hi) + c, per channel (last axis), where g = dy, or with "
          "relu dy masked to 0 where (x - mean_hi) * scale + offset <= 0 (offset unused otherwise).");
 
-class GradInputOp : public OpKernel {
+class GradInputOp : public FusedReluKernel {
  public:
-  explicit GradInputOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("relu", &relu_));
-  }
+  using FusedReluKernel::FusedReluKernel;
   void Compute(OpKernelContext* ctx) override {
     const Tensor &dy = ctx->input(0), &x = ctx->input(1), &hi = ctx->input(2);
     const Tensor &scale = ctx->input(3), &offset = ctx->input(4), &b = ctx->input(5), &c = ctx->input(6);
@@ -323,14 +326,10 @@ class GradInputOp : public OpKernel {
     const float *bp = b.flat<float>().data(), *cp = c.flat<float>().data();
     float* out = dx->flat<float>().data();
     const int64_t C = v.channels;
-    const bool relu = relu_;
     ForBlocks(ctx, v, 5 * C, [&](int64_t r0, int64_t r1, int64_t) {
-      (relu ? GradInputRows<true> : GradInputRows<false>)(dp, xp, h, s, o, bp, cp, C, r0, r1, out);
+      (relu_ ? GradInputRows<true> : GradInputRows<false>)(dp, xp, h, s, o, bp, cp, C, r0, r1, out);
     });
   }
-
- private:
-  bool relu_ = false;
 };
 REGISTER_KERNEL_BUILDER(Name("HvdtrainSyncBnGradInput").Device(DEVICE_CPU), GradInputOp);
 
