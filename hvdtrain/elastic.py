@@ -248,4 +248,8 @@ def train_elastic(config: Config, ctx: DistContext, dataset, fingerprint: dict, 
         hvd.shutdown()
         hvd.init()
 
-    return run_fn(train, reset)(state)
+    try:
+        return run_fn(train, reset)(state)
+    except BaseException as e:
+        e.run_dir = state.run_dir  # where hvdtrain.cli tells the user to --resume from, after Ctrl-C
+        raise

@@ -561,9 +561,8 @@ def run(config: Config) -> dict:
             optimizer.build(model.trainable_variables)
 
         if config.elastic.enabled:
-            # Steps 5-8, re-run whenever workers leave or join (hvdtrain.elastic).
-            run_dir = config.log.dir
-            ckpt_dir = config.checkpoint.dir or (os.path.join(run_dir, "checkpoints") if run_dir else None)
+            # Steps 5-8, re-run whenever workers leave or join (hvdtrain.elastic), which names the
+            # run directory (rank 0's at the first sync) and hands it out on the error it raises.
             return train_elastic(config, ctx, dataset, fingerprint, model, optimizer, watchdog)
 
         # 5. Run directory and checkpoints (rank 0 only writes), restored state on resume.
@@ -638,6 +637,9 @@ def run(config: Config) -> dict:
         error = sys.exc_info()[1]
         if error is not None:  # after Ctrl-C or SIGTERM, hvdtrain.cli says where the run can be resumed from
             defer_stop_signals()
+            # An elastic run's directory is named in hvdtrain.elastic, which puts it on its error.
+            run_dir = run_dir or getattr(error, "run_dir", None) or getattr(error.__cause__, "run_dir", None)
+            ckpt_dir = ckpt_dir or (config.checkpoint.dir or os.path.join(run_dir, "checkpoints") if run_dir else None)
             error.run_dir = run_dir if ckpt_dir and os.path.isdir(ckpt_dir) else None
         watchdog.close()
         cbs.close_all(callbacks)

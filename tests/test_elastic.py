@@ -40,9 +40,10 @@ def _epochs(log):
     return [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
 
 
-def _elastic_job(tmp_path, hosts, np_, max_np, args, env=None, module="hvdtrain"):
+def _elastic_job(tmp_path, hosts, np_, max_np, args, env=None, module="hvdtrain", log_dir="run"):
     """Start ``horovodrun --min-np 1`` with a discovery script that prints the file ``tmp_path/hosts``
-    (first written with ``hosts``; append to it to add workers) and ``hvdtrain --elastic``.
+    (first written with ``hosts``; append to it to add workers) and ``hvdtrain --elastic``, with
+    ``--log-dir tmp_path/log_dir`` (with ``log_dir=None``, none, and ``tmp_path`` as working directory).
 
     Returns ``(job, hosts_file)``; the job's output is on ``job.stdout`` (stderr merged).
     """
@@ -56,20 +57,22 @@ def _elastic_job(tmp_path, hosts, np_, max_np, args, env=None, module="hvdtrain"
     argv = [str(BIN / "horovodrun"), "-np", str(np_), "--min-np", "1", "--max-np", str(max_np),
             "--host-discovery-script", str(discover), *single_host,
             sys.executable, "-m", module, "--elastic", "--dataset", "synthetic", "--batch-size", "32",
-            "--threads", "1", "--no-progress", "--log-dir", str(tmp_path / "run"), *args]
-    job = subprocess.Popen(argv, cwd=REPO, env=rank_env(env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                           text=True, start_new_session=True)
+            "--threads", "1", "--no-progress", *(["--log-dir", str(tmp_path / log_dir)] if log_dir else []), *args]
+    job = subprocess.Popen(argv, cwd=REPO if log_dir else tmp_path, env=rank_env(env), stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True, start_new_session=True)
     return job, hosts_file
 
 
 def _finish(job, timeout=300):
-    """Wait for the job; return its output (kill its process group if it is still running)."""
+    """Wait up to ``timeout`` s for the job, then kill its process group; return its output ("" if
+    it was read already, by :func:`_wait_for` failing)."""
+    if job.stdout.closed:
+        return ""
     try:
         return job.communicate(timeout=timeout)[0]
-    finally:
-        if job.poll() is None:
-            os.killpg(job.pid, signal.SIGKILL)
-            job.communicate()
+    except subprocess.TimeoutExpired:
+        os.killpg(job.pid, signal.SIGKILL)
+        return job.communicate()[0]
 
 
 def _wait_for(what, condition, job, timeout=240):
@@ -148,6 +151,21 @@ def test_elastic_resume_continues_mid_epoch_at_another_world_size(tmp_path):
     # The resumed epoch continued at the checkpoint's example: with the examples trained before
     # it (carried in the checkpoint's metric sums), each example once.
     assert all(e["train_examples"] == NUM_TRAIN for e in epochs), [e["train_examples"] for e in epochs]
+
+
+def test_an_interrupted_elastic_run_says_where_to_resume_from(tmp_path):
+    """Ctrl-C on the worker of an elastic run without --log-dir: it names the directory it chose."""
+    job, _ = _elastic_job(tmp_path, ["localhost"], 1, 1, ["--epochs", "1000", "--checkpoint-every", "20"], log_dir=None)
+    try:
+        _wait_for("a checkpoint", lambda: list(tmp_path.glob("runs/*/checkpoints/ckpt-*")), job)
+        worker = psutil.Process(rank_pid(job, 0))
+        worker.send_signal(signal.SIGINT)
+        worker.wait(timeout=60)
+    finally:
+        out = _finish(job, timeout=5)  # the driver may wait for other hosts: it has 5 s to pass the output on
+    (run_dir,) = [p.relative_to(tmp_path) for p in tmp_path.glob("runs/*")]
+    assert (f"hvdtrain: interrupted; the checkpoints written so far are complete: rerun the same command with "
+            f"--resume --log-dir {run_dir} to continue from the last one") in out, out[-3000:]
 
 
 def test_launch_script_runs_an_elastic_job_on_this_host(tmp_path):
