@@ -141,20 +141,49 @@ def run_job(np_: int, script: str, args: List[str], transport: str = "gloo", cor
     Raises:
         SystemExit: with the job's output if it fails.
     """
+    return run_jobs_at_once([(np_, cores)], script, args, transport, env, timeout, stream)[0]
+
+
+def run_jobs_at_once(jobs: List[tuple], script: str, args: List[str], transport: str = "gloo",
+                     env: Optional[dict] = None, timeout: float = 1800, stream: bool = False) -> List[dict]:
+    """Run one job of ``script --worker args`` per ``(np, cores)`` in ``jobs``, all at the same
+    time, and return each job's rank-0 JSON result in order (see :func:`run_job`).
+
+    With ``[(1, [0]), (1, [1])]`` that is two copies of the np=1 job side by side, one per core,
+    sharing nothing but the machine: the scaling a job without any communication reaches here.
+
+    Raises:
+        SystemExit: with the failed job's output if any job fails (the others are waited for first).
+    """
     with tempfile.TemporaryDirectory() as tmp:
-        out = os.path.join(tmp, "result.json")
-        cmd = launch_command(np_, [script, "--worker", "--result", out, *args], transport)
-        if cores is not None:
-            cmd = ["taskset", "-c", ",".join(map(str, cores)), *cmd]
-        proc = subprocess.run(cmd, cwd=REPO, env=env_for_ranks(env), capture_output=True, text=True,
-                              timeout=timeout)
-        if proc.returncode != 0 or not os.path.exists(out):
-            raise SystemExit(f"benchmark job failed ({' '.join(cmd)}), exit {proc.returncode}:\n"
-                             f"{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
-        if stream:
-            print("\n".join(line.split("]<stdout>:", 1)[-1] for line in proc.stdout.splitlines()), flush=True)
-        with open(out) as f:
-            return json.load(f)
+        started = []
+        for i, (np_, cores) in enumerate(jobs):
+            out = os.path.join(tmp, f"result{i}.json")
+            cmd = launch_command(np_, [script, "--worker", "--result", out, *args], transport)
+            if cores is not None:
+                cmd = ["taskset", "-c", ",".join(map(str, cores)), *cmd]
+            proc = subprocess.Popen(cmd, cwd=REPO, env=env_for_ranks(env), stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, text=True)
+            started.append((cmd, out, proc))
+        deadline = time.monotonic() + timeout
+        finished = []
+        try:
+            for cmd, out, proc in started:
+                finished.append((cmd, out, proc, *proc.communicate(timeout=max(1.0, deadline - time.monotonic()))))
+        except subprocess.TimeoutExpired as e:
+            for _, _, proc in started:
+                proc.kill()
+            raise SystemExit(f"benchmark job timed out after {timeout:.0f} s: {' '.join(map(str, e.cmd))}")
+        results = []
+        for cmd, out, proc, stdout, stderr in finished:
+            if proc.returncode != 0 or not os.path.exists(out):
+                raise SystemExit(f"benchmark job failed ({' '.join(cmd)}), exit {proc.returncode}:\n"
+                                 f"{stdout[-3000:]}\n{stderr[-5000:]}")
+            if stream:
+                print("\n".join(line.split("]<stdout>:", 1)[-1] for line in stdout.splitlines()), flush=True)
+            with open(out) as f:
+                results.append(json.load(f))
+        return results
 
 
 def gather_rss(ctx) -> List[float]:

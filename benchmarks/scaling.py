@@ -11,9 +11,13 @@ that. ``--repeats`` runs of every np alternate (1, 2, ..., N, 1, 2, ...); each n
 run. Scaling efficiency = total(np) / (np * total(1)), computed within each repeat (so both runs
 saw the same spell of the shared machine) and reported as the median over repeats with its range.
 On CPU the job of np ranks is confined to np cores, one per rank (hvdtrain pins each rank to its
-share), so every np gets the same compute per rank. Models: the seed CNN on real Fashion-MNIST,
-ResNet-20 on 32x32 synthetic data, ResNet-50 on 224x224 synthetic data (for GPUs). Prints a
-Markdown table and writes a PNG plot.
+share), so every np gets the same compute per rank. Each repeat of np > 1 on CPU also runs np copies
+of the np=1 job at the same time, each on its own core, with no communication at all: their total
+over np times one job's is the *ceiling*, the scaling this machine allows jobs that share nothing
+but the hardware (caches, memory bandwidth, the hypervisor), and efficiency / ceiling is what the
+distributed step itself costs (``--no-ceiling`` skips it). Models: the seed CNN on real
+Fashion-MNIST, ResNet-20 on 32x32 synthetic data, ResNet-50 on 224x224 synthetic data (for GPUs).
+Prints a Markdown table and writes a PNG plot.
 """
 import argparse
 import os
@@ -56,6 +60,7 @@ def _median_by(items, key):
 def driver(a) -> None:
     max_np = a.max_np or (1 if a.gpu else len(os.sched_getaffinity(0)))
     nps = list(range(1, max_np + 1))
+    with_ceiling = not (a.gpu or a.no_ceiling)
     results = {}
     for model in a.models:
         args = ["--model", model, "--batch-size", str(a.batch_size), "--iters", str(a.iters),
@@ -63,32 +68,50 @@ def driver(a) -> None:
                 "--threads", str(a.threads)] + (["--gpu"] if a.gpu else []) + (
                 ["--mixed-precision"] if a.mixed_precision else []) + (["--no-sync-bn"] if a.no_sync_bn else [])
         runs = {np_: [] for np_ in nps}
+        ceilings = {np_: [] for np_ in nps}  # per repeat: summed img/s of np independent np=1 jobs
         # Repeats alternate np = 1..N, so a slow spell of the shared machine hits every np alike;
         # each np is then represented by its run with the median total.
+        single = "single" if a.transport == "gloo" else a.transport  # how the np=1 job is launched
         for repeat in range(a.repeats):
             for np_ in nps:
                 cores = None if a.gpu else common.cores_for(np_ * max(1, a.threads))
-                transport = "single" if np_ == 1 and a.transport == "gloo" else a.transport
-                r = common.run_job(np_, __file__, args, transport, cores=cores)
+                r = common.run_job(np_, __file__, args, single if np_ == 1 else a.transport, cores=cores)
                 runs[np_].append(r)
                 print(f"{model} np={np_} (repeat {repeat + 1}/{a.repeats}): {r['per_rank']:.1f} img/s per rank, "
                       f"total {r['total']:.1f} +-{r['total_ci']:.1f}", flush=True)
+                if with_ceiling and np_ > 1:
+                    # np copies of the np=1 job at once, each confined to its own share of the cores.
+                    share = [cores[i * a.threads:(i + 1) * a.threads] for i in range(np_)]
+                    alone = common.run_jobs_at_once([(1, c) for c in share], __file__, args, single)
+                    ceilings[np_].append(sum(j["total"] for j in alone))
+                    print(f"{model} {np_} independent np=1 jobs at once (repeat {repeat + 1}/{a.repeats}): "
+                          + ", ".join(f"{j['total']:.1f}" for j in alone) + " img/s", flush=True)
         for np_ in nps:
             # Paired: each repeat's np run against the same repeat's np=1 run.
             efficiencies = [r["total"] / (np_ * base["total"]) for r, base in zip(runs[np_], runs[1])]
             results[(model, np_)] = {"run": _median_by(runs[np_], lambda r: r["total"]),
                                      "efficiency": statistics.median(efficiencies),
                                      "efficiency_range": (min(efficiencies), max(efficiencies))}
+            if ceilings[np_]:
+                limits = [c / (np_ * base["total"]) for c, base in zip(ceilings[np_], runs[1])]
+                results[(model, np_)].update(
+                    ceiling=statistics.median(limits), ceiling_range=(min(limits), max(limits)),
+                    of_ceiling=statistics.median(e / c for e, c in zip(efficiencies, limits)))
     rows = []
     for model in a.models:
         for np_ in nps:
             result = results[(model, np_)]
             r = result["run"]
             low, high = result["efficiency_range"]
-            rows.append([model, np_, f"{r['per_rank']:.1f} +-{r['ci']:.1f}", f"{r['total']:.1f} +-{r['total_ci']:.1f}",
-                         f"{result['efficiency']:.3f} ({low:.3f}-{high:.3f})", f"{max(r['rss_mib']):.0f}"])
-    common.print_table(["model", "np", "img/s per rank", "img/s total", "scaling efficiency (range)",
-                        "peak RSS/rank MiB"],
+            row = [model, np_, f"{r['per_rank']:.1f} +-{r['ci']:.1f}", f"{r['total']:.1f} +-{r['total_ci']:.1f}",
+                   f"{result['efficiency']:.3f} ({low:.3f}-{high:.3f})"]
+            if with_ceiling:
+                row += ([f"{result['ceiling']:.3f} ({result['ceiling_range'][0]:.3f}-{result['ceiling_range'][1]:.3f})",
+                         f"{result['of_ceiling']:.3f}"] if "ceiling" in result else ["", ""])
+            rows.append(row + [f"{max(r['rss_mib']):.0f}"])
+    common.print_table(["model", "np", "img/s per rank", "img/s total", "scaling efficiency (range)"]
+                       + (["ceiling, no communication (range)", "efficiency / ceiling"] if with_ceiling else [])
+                       + ["peak RSS/rank MiB"],
                        rows, title=f"hvdtrain training throughput ({a.transport}, local batch {a.batch_size}, "
                                    f"{'GPU' if a.gpu else '1 core per rank'}, median of {a.repeats} repeats)")
     plt = common.matplotlib_pyplot()
@@ -98,6 +121,9 @@ def driver(a) -> None:
         cis = [results[(model, n)]["run"]["total_ci"] for n in nps]
         ax.errorbar(nps, totals, yerr=cis, marker="o", capsize=4, label="hvdtrain (median run; labels: median efficiency)")
         ax.plot(nps, [totals[0] * n for n in nps], "--", color="gray", label="linear")
+        if with_ceiling:
+            ax.plot(nps, [totals[0] * n * results[(model, n)].get("ceiling", 1.0) for n in nps], ":", marker="s",
+                    color="tab:green", label="np independent np=1 jobs (ceiling, no communication)")
         for n, t in zip(nps, totals):
             ax.annotate(f"{results[(model, n)]['efficiency']:.2f}", (n, t), textcoords="offset points",
                         xytext=(6, -12))
@@ -122,6 +148,8 @@ def main():
     p.add_argument("--gpu", action="store_true", help="one GPU per rank instead of one core per rank")
     p.add_argument("--mixed-precision", action="store_true", help="mixed_bfloat16 Keras policy")
     p.add_argument("--no-sync-bn", action="store_true", help="per-rank BatchNorm in the CNN and ResNet-20")
+    p.add_argument("--no-ceiling", action="store_true",
+                   help="skip the np independent np=1 jobs run at once (the ceiling without communication; CPU)")
     p.add_argument("--plot", default=None, help="PNG path (default: benchmarks/figures/scaling_<mpi|gloo|gpu>.png)")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--result", help=argparse.SUPPRESS)

@@ -63,7 +63,14 @@ def test_scaling_efficiency_is_total_over_np_times_one_rank(tmp_path):
     one, two = number(rows[1]["img/s total"]), number(rows[2]["img/s total"])
     assert close(2 * number(rows[2]["img/s per rank"]), two)
     assert number(rows[1]["scaling efficiency (range)"]) == 1.0
-    assert close(two / (2 * one), number(rows[2]["scaling efficiency (range)"]))
+    efficiency = number(rows[2]["scaling efficiency (range)"])
+    assert close(two / (2 * one), efficiency)
+    # The ceiling: two np=1 jobs at once, one per core, against twice one job alone.
+    (alone,) = re.findall(r"cnn 2 independent np=1 jobs at once \(repeat 1/1\): ([\d.]+), ([\d.]+) img/s", out)
+    ceiling = number(rows[2]["ceiling, no communication (range)"])
+    assert close(sum(map(float, alone)) / (2 * one), ceiling)
+    assert close(efficiency / ceiling, number(rows[2]["efficiency / ceiling"]))
+    assert rows[1]["ceiling, no communication (range)"] == rows[1]["efficiency / ceiling"] == ""
     assert_png(tmp_path / "p.png")
 
 
