@@ -32,6 +32,9 @@ class Callback:
 
     def on_epoch_end(self, epoch: int, metrics: dict) -> None: ...
 
+    def on_evaluation_only(self, epochs_trained: int, metrics: dict) -> None:
+        """A run with no epoch left to train evaluated the model after ``epochs_trained`` epochs."""
+
     def after_agreement(self) -> None:
         """Elastic jobs: after every rank agreed on rank 0's writes at a checkpoint hook (non-chief callbacks)."""
 
@@ -99,7 +102,8 @@ def logged_epochs(path: str) -> List[Tuple[int, str]]:
 
 
 class JsonlMetrics(Callback):
-    """Appends one JSON object per epoch to ``<log_dir>/metrics.jsonl``.
+    """Appends one JSON object per epoch to ``<log_dir>/metrics.jsonl``; a run with no epoch to
+    train writes its test metrics to ``<log_dir>/evaluation.json`` instead (replaced atomically).
 
     On a resumed run, lines of epochs after the resumed one (written by the interrupted run after
     its last checkpoint) are dropped first, so the file holds each epoch once.
@@ -107,6 +111,7 @@ class JsonlMetrics(Callback):
 
     def __init__(self, log_dir: str):
         self.path = os.path.join(log_dir, "metrics.jsonl")
+        self.evaluation_path = os.path.join(log_dir, "evaluation.json")
 
     def on_train_begin(self, start_epoch, epochs):
         if not os.path.exists(self.path):
@@ -120,6 +125,12 @@ class JsonlMetrics(Callback):
     def on_epoch_end(self, epoch, metrics):
         with open(self.path, "a") as f:
             f.write(json.dumps({"epoch": epoch + 1, **metrics}) + "\n")
+
+    def on_evaluation_only(self, epochs_trained, metrics):
+        tmp = self.evaluation_path + ".tmp"
+        with open(tmp, "w") as f:
+            f.write(json.dumps({"epochs_trained": epochs_trained, **metrics}) + "\n")
+        os.replace(tmp, self.evaluation_path)
 
 
 class TensorBoard(Callback):

@@ -54,7 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=_DefaultsHelpFormatter,
     )
     g = p.add_argument_group("training")
-    g.add_argument("--epochs", type=int, default=d.epochs, help="passes over the training set (0 = evaluate only)")
+    g.add_argument("--epochs", type=int, default=d.epochs,
+                   help="passes over the training set (0 = evaluate only, into <log-dir>/evaluation.json)")
     g.add_argument("--batch-size", type=int, default=d.batch_size,
                    help="local batch: examples per rank per step (global batch = this x world size)")
     g.add_argument("--lr", type=float, default=d.optim.base_lr,
@@ -83,7 +84,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     g = p.add_argument_group("output and checkpoints")
     g.add_argument("--log-dir", default=None,
-                   help="run directory for metrics.jsonl, TensorBoard logs and checkpoints (default: runs/<date>-<time>)")
+                   help="run directory for metrics.jsonl (evaluation.json if only evaluating), TensorBoard logs "
+                        "and checkpoints (default: runs/<date>-<time>)")
     g.add_argument("--checkpoint-dir", default=None, help="checkpoint directory (default: <log-dir>/checkpoints)")
     g.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --checkpoint-dir")
     g.add_argument("--keep-checkpoints", type=int, default=d.checkpoint.keep, help="most recent checkpoints kept")

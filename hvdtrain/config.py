@@ -124,8 +124,8 @@ class LogConfig:
     """What rank 0 writes and prints.
 
     Attributes:
-        dir: run directory for metrics.jsonl, TensorBoard logs and (by default) checkpoints; None
-            makes ``runs/<date>-<time>``.
+        dir: run directory for metrics.jsonl (evaluation.json if there is nothing to train),
+            TensorBoard logs and (by default) checkpoints; None makes ``runs/<date>-<time>``.
         log_every: steps between exact global running metrics (one small allreduce each).
         progress: show a tqdm progress bar per epoch (when stderr is a terminal).
     """

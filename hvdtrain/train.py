@@ -173,8 +173,8 @@ class Trainer:
         return self._global_mean(sums, "hvdtrain.eval")
 
     def _checkpoint_hook(self, hook: str, *args) -> None:
-        """Call ``hook`` (``on_train_begin``, ``on_mid_epoch_checkpoint`` or ``on_epoch_end``: the
-        hooks where rank 0 writes files) on every callback.
+        """Call ``hook`` (``on_train_begin``, ``on_mid_epoch_checkpoint``, ``on_epoch_end`` or
+        ``on_evaluation_only``: the hooks where rank 0 writes files) on every callback.
 
         With ``agree_on_side_effects`` (elastic jobs): rank 0's callbacks and the others' local
         halves (the commit's save) first, then every rank agrees on the outcome of rank 0's
@@ -273,7 +273,8 @@ class Trainer:
             self.watchdog.beat(f"the end of epoch {epoch + 1}")
         if not metrics:  # nothing left to train (epochs reached): report the test metrics
             test = self.evaluate()
-            metrics = {"test_loss": test["loss"], "test_accuracy": test["accuracy"]}
+            metrics = {"test_loss": test["loss"], "test_accuracy": test["accuracy"], "world_size": self.ctx.size}
+            self._checkpoint_hook("on_evaluation_only", start_epoch, metrics)
         return metrics
 
 

@@ -110,6 +110,22 @@ def test_a_stopped_run_prints_one_line_and_keeps_the_checkpoints(tmp_path, launc
     assert "no epoch left to train of 1 (evaluation only)" in resumed.stdout, resumed.stdout
 
 
+def test_an_evaluation_only_run_records_its_test_metrics(tmp_path):
+    """--resume with no epoch left: the test metrics of the checkpoint go to evaluation.json (the
+    same as the last epoch's, from the same weights), and metrics.jsonl is left as it was."""
+    hvdtrain(2, [*FAST, "--epochs", "1", "--log-dir", str(tmp_path)])
+    logged = (tmp_path / "metrics.jsonl").read_text()
+    result = hvdtrain(2, [*FAST, "--epochs", "1", "--log-dir", str(tmp_path), "--resume"])
+    evaluation = json.loads((tmp_path / "evaluation.json").read_text())
+    (last,) = metrics(tmp_path)
+    assert evaluation["epochs_trained"] == 1 and evaluation["world_size"] == 2
+    assert evaluation["test_accuracy"] == pytest.approx(last["test_accuracy"], abs=1e-6)
+    assert evaluation["test_loss"] == pytest.approx(last["test_loss"], rel=1e-5)
+    assert f"test loss {evaluation['test_loss']:.4f} acc {evaluation['test_accuracy']:.4f}" in result.stdout
+    assert (tmp_path / "metrics.jsonl").read_text() == logged
+    assert not list(tmp_path.glob("*.tmp"))
+
+
 def test_resume_before_the_first_checkpoint_starts_from_the_beginning(tmp_path):
     """A run stopped before its first save (a requeued job passes --resume all the same)."""
     (tmp_path / "checkpoints").mkdir()
