@@ -12,6 +12,7 @@ import json
 import os
 import statistics
 import resource
+import signal
 import subprocess
 import sys
 import tempfile
@@ -39,14 +40,71 @@ def mean_ci(samples: Sequence[float]) -> tuple:
 
 def images_per_second(run, batch_size: int, warmup_batches: int, iters: int, batches_per_iter: int) -> List[float]:
     """Per-iteration images/s of ``run(n)`` (n training steps of ``batch_size`` images, waiting for
-    the last), after ``warmup_batches`` untimed steps (tracing, allocation)."""
+    the last), after ``warmup_batches`` untimed steps (tracing, allocation). In a job started by
+    :func:`run_jobs_at_once` beside others, the timed iterations are lined up with theirs
+    (:class:`SideBySide`)."""
     run(warmup_batches)
+    side_by_side = SideBySide.from_env()
+    side_by_side.start()
     samples = []
     for _ in range(iters):
         start = time.perf_counter()
         run(batches_per_iter)
         samples.append(batch_size * batches_per_iter / (time.perf_counter() - start))
+    side_by_side.finish(keep_busy=lambda: run(1))
     return samples
+
+
+class SideBySide:
+    """Lines up the timed part of jobs that :func:`run_jobs_at_once` started together, so that
+    each one is timed only while all of them run: every job waits until all have warmed up
+    before timing (each starts up, loads data and traces at its own pace), and one that is done
+    first keeps running untimed steps until all are done (else the last would finish alone).
+
+    The jobs are single processes (the ranks of a job would have to agree on the untimed steps);
+    they meet through files in the directory named by ``$HVDTRAIN_BENCH_SIDE_BY_SIDE``
+    (``<directory>:<number of jobs>``). Without it (a job run alone) every method does nothing.
+    """
+    ENV = "HVDTRAIN_BENCH_SIDE_BY_SIDE"
+
+    def __init__(self, directory: Optional[str], jobs: int, timeout: float = 600):
+        self.directory, self.jobs, self.timeout = directory, jobs, timeout
+
+    @classmethod
+    def from_env(cls) -> "SideBySide":
+        directory, _, jobs = os.environ.get(cls.ENV, "").rpartition(":")
+        return cls(directory or None, int(jobs) if directory else 0)
+
+    def _arrive(self, stage: str) -> None:
+        Path(self.directory, f"{stage}-{os.getpid()}").touch()
+
+    def _count(self, stage: str) -> int:
+        return len(list(Path(self.directory).glob(f"{stage}-*")))
+
+    def start(self) -> None:
+        """Wait until every job has arrived here (after its warm-up).
+
+        Raises:
+            SystemExit: if they have not after ``timeout`` seconds (a job failed).
+        """
+        if not self.directory:
+            return
+        self._arrive("ready")
+        deadline = time.monotonic() + self.timeout
+        while self._count("ready") < self.jobs:
+            if time.monotonic() > deadline:
+                raise SystemExit(f"side-by-side jobs: only {self._count('ready')} of {self.jobs} "
+                                 f"warmed up within {self.timeout:.0f} s")
+            time.sleep(0.01)
+
+    def finish(self, keep_busy) -> None:
+        """Call ``keep_busy()`` (an untimed step) until every job has finished its timed part."""
+        if not self.directory:
+            return
+        self._arrive("done")
+        deadline = time.monotonic() + self.timeout
+        while self._count("done") < self.jobs and time.monotonic() < deadline:
+            keep_busy()
 
 
 def alternating_step_times(ctx, runs: dict, warmup: int, rounds: int, steps: int) -> Dict[str, float]:
@@ -151,31 +209,49 @@ def run_jobs_at_once(jobs: List[tuple], script: str, args: List[str], transport:
 
     With ``[(1, [0]), (1, [1])]`` that is two copies of the np=1 job side by side, one per core,
     sharing nothing but the machine: the scaling a job without any communication reaches here.
+    Jobs timed by :func:`images_per_second` are timed over the same span (:class:`SideBySide`).
 
     Raises:
-        SystemExit: with the failed job's output if any job fails (the others are waited for first).
+        ValueError: for more than one job with np > 1.
+        SystemExit: with the failed job's output if any job fails (the others are waited for
+            first), or after ``timeout`` seconds. Every job's processes are killed if this
+            function ends before they do (a timeout, Ctrl-C).
     """
     with tempfile.TemporaryDirectory() as tmp:
+        extra = dict(env or {})
+        if len(jobs) > 1:
+            if any(np_ != 1 for np_, _ in jobs):
+                raise ValueError(f"jobs run at once must be single processes (np=1), got {[np_ for np_, _ in jobs]}")
+            extra[SideBySide.ENV] = f"{tmp}:{len(jobs)}"
         started = []
-        for i, (np_, cores) in enumerate(jobs):
-            out = os.path.join(tmp, f"result{i}.json")
-            cmd = launch_command(np_, [script, "--worker", "--result", out, *args], transport)
-            if cores is not None:
-                cmd = ["taskset", "-c", ",".join(map(str, cores)), *cmd]
-            proc = subprocess.Popen(cmd, cwd=REPO, env=env_for_ranks(env), stdout=subprocess.PIPE,
-                                    stderr=subprocess.PIPE, text=True)
-            started.append((cmd, out, proc))
-        deadline = time.monotonic() + timeout
-        finished = []
         try:
-            for cmd, out, proc in started:
-                finished.append((cmd, out, proc, *proc.communicate(timeout=max(1.0, deadline - time.monotonic()))))
-        except subprocess.TimeoutExpired as e:
-            for _, _, proc in started:
-                proc.kill()
-            raise SystemExit(f"benchmark job timed out after {timeout:.0f} s: {' '.join(map(str, e.cmd))}")
+            for i, (np_, cores) in enumerate(jobs):
+                out = os.path.join(tmp, f"result{i}.json")
+                cmd = launch_command(np_, [script, "--worker", "--result", out, *args], transport)
+                if cores is not None:
+                    cmd = ["taskset", "-c", ",".join(map(str, cores)), *cmd]
+                # Output into files, not pipes: a job must never block on a pipe that is read
+                # only after another job has ended. Its own session, to kill its ranks with it.
+                logs = [open(os.path.join(tmp, f"{stream_}{i}.txt"), "w") for stream_ in ("stdout", "stderr")]
+                started.append((cmd, out, logs, subprocess.Popen(cmd, cwd=REPO, env=env_for_ranks(extra),
+                                                                 stdout=logs[0], stderr=logs[1],
+                                                                 start_new_session=True)))
+            deadline = time.monotonic() + timeout
+            for cmd, _, _, proc in started:
+                try:
+                    proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    raise SystemExit(f"benchmark job timed out after {timeout:.0f} s: {' '.join(cmd)}") from None
+        finally:
+            for _, _, logs, proc in started:
+                if proc.poll() is None:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
+                for log in logs:
+                    log.close()
         results = []
-        for cmd, out, proc, stdout, stderr in finished:
+        for cmd, out, logs, proc in started:
+            stdout, stderr = (Path(log.name).read_text() for log in logs)
             if proc.returncode != 0 or not os.path.exists(out):
                 raise SystemExit(f"benchmark job failed ({' '.join(cmd)}), exit {proc.returncode}:\n"
                                  f"{stdout[-3000:]}\n{stderr[-5000:]}")

@@ -12,10 +12,11 @@ run. Scaling efficiency = total(np) / (np * total(1)), computed within each repe
 saw the same spell of the shared machine) and reported as the median over repeats with its range.
 On CPU the job of np ranks is confined to np cores, one per rank (hvdtrain pins each rank to its
 share), so every np gets the same compute per rank. Each repeat of np > 1 on CPU also runs np copies
-of the np=1 job at the same time, each on its own core, with no communication at all: their total
-over np times one job's is the *ceiling*, the scaling this machine allows jobs that share nothing
-but the hardware (caches, memory bandwidth, the hypervisor), and efficiency / ceiling is what the
-distributed step itself costs (``--no-ceiling`` skips it). Models: the seed CNN on real
+of the np=1 job at the same time, each on its own share of the cores, timed over the same span,
+with no communication at all: their total over np times one job's is the *ceiling*, the scaling
+this machine allows jobs that share nothing but the hardware (caches, memory bandwidth, the
+hypervisor), and efficiency / ceiling is what the distributed step itself costs (each the median
+over repeats of the repeat's own ratio; ``--no-ceiling`` skips it). Models: the seed CNN on real
 Fashion-MNIST, ResNet-20 on 32x32 synthetic data, ResNet-50 on 224x224 synthetic data (for GPUs).
 Prints a Markdown table and writes a PNG plot.
 """
@@ -82,10 +83,10 @@ def driver(a) -> None:
                 if with_ceiling and np_ > 1:
                     # np copies of the np=1 job at once, each confined to its own share of the cores.
                     share = [cores[i * a.threads:(i + 1) * a.threads] for i in range(np_)]
-                    alone = common.run_jobs_at_once([(1, c) for c in share], __file__, args, single)
-                    ceilings[np_].append(sum(j["total"] for j in alone))
+                    concurrent = common.run_jobs_at_once([(1, c) for c in share], __file__, args, single)
+                    ceilings[np_].append(sum(j["total"] for j in concurrent))
                     print(f"{model} {np_} independent np=1 jobs at once (repeat {repeat + 1}/{a.repeats}): "
-                          + ", ".join(f"{j['total']:.1f}" for j in alone) + " img/s", flush=True)
+                          + ", ".join(f"{j['total']:.1f}" for j in concurrent) + " img/s", flush=True)
         for np_ in nps:
             # Paired: each repeat's np run against the same repeat's np=1 run.
             efficiencies = [r["total"] / (np_ * base["total"]) for r, base in zip(runs[np_], runs[1])]
@@ -93,10 +94,10 @@ def driver(a) -> None:
                                      "efficiency": statistics.median(efficiencies),
                                      "efficiency_range": (min(efficiencies), max(efficiencies))}
             if ceilings[np_]:
-                limits = [c / (np_ * base["total"]) for c, base in zip(ceilings[np_], runs[1])]
+                per_repeat = [c / (np_ * base["total"]) for c, base in zip(ceilings[np_], runs[1])]
                 results[(model, np_)].update(
-                    ceiling=statistics.median(limits), ceiling_range=(min(limits), max(limits)),
-                    of_ceiling=statistics.median(e / c for e, c in zip(efficiencies, limits)))
+                    ceiling=statistics.median(per_repeat), ceiling_range=(min(per_repeat), max(per_repeat)),
+                    of_ceiling=statistics.median(e / c for e, c in zip(efficiencies, per_repeat)))
     rows = []
     for model in a.models:
         for np_ in nps:
@@ -110,7 +111,8 @@ def driver(a) -> None:
                          f"{result['of_ceiling']:.3f}"] if "ceiling" in result else ["", ""])
             rows.append(row + [f"{max(r['rss_mib']):.0f}"])
     common.print_table(["model", "np", "img/s per rank", "img/s total", "scaling efficiency (range)"]
-                       + (["ceiling, no communication (range)", "efficiency / ceiling"] if with_ceiling else [])
+                       + (["ceiling, no communication (range)", "efficiency / ceiling (median)"] if with_ceiling
+                          else [])
                        + ["peak RSS/rank MiB"],
                        rows, title=f"hvdtrain training throughput ({a.transport}, local batch {a.batch_size}, "
                                    f"{'GPU' if a.gpu else '1 core per rank'}, median of {a.repeats} repeats)")

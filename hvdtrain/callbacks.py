@@ -32,8 +32,10 @@ class Callback:
 
     def on_epoch_end(self, epoch: int, metrics: dict) -> None: ...
 
-    def on_evaluation_only(self, epochs_trained: int, metrics: dict) -> None:
-        """A run with no epoch left to train evaluated the model after ``epochs_trained`` epochs."""
+    def on_evaluation_only(self, position: dict, metrics: dict) -> None:
+        """A run with nothing left to train evaluated the model at ``position`` (``epoch``:
+        epochs done, ``step_in_epoch``, ``example_in_epoch``: how far into the next, as in a
+        checkpoint's ``meta.json``)."""
 
     def after_agreement(self) -> None:
         """Elastic jobs: after every rank agreed on rank 0's writes at a checkpoint hook (non-chief callbacks)."""
@@ -126,10 +128,10 @@ class JsonlMetrics(Callback):
         with open(self.path, "a") as f:
             f.write(json.dumps({"epoch": epoch + 1, **metrics}) + "\n")
 
-    def on_evaluation_only(self, epochs_trained, metrics):
+    def on_evaluation_only(self, position, metrics):
         tmp = self.evaluation_path + ".tmp"
         with open(tmp, "w") as f:
-            f.write(json.dumps({"epochs_trained": epochs_trained, **metrics}) + "\n")
+            f.write(json.dumps({**position, **metrics}) + "\n")
         os.replace(tmp, self.evaluation_path)
 
 

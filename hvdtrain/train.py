@@ -274,7 +274,8 @@ class Trainer:
         if not metrics:  # nothing left to train (epochs reached): report the test metrics
             test = self.evaluate()
             metrics = {"test_loss": test["loss"], "test_accuracy": test["accuracy"], "world_size": self.ctx.size}
-            self._checkpoint_hook("on_evaluation_only", start_epoch, metrics)
+            position = {"epoch": start_epoch, "step_in_epoch": start_step, "example_in_epoch": start_example}
+            self._checkpoint_hook("on_evaluation_only", position, metrics)
         return metrics
 
 
@@ -639,8 +640,10 @@ def run(config: Config) -> dict:
         if error is not None:  # after Ctrl-C or SIGTERM, hvdtrain.cli says where the run can be resumed from
             defer_stop_signals()
             # An elastic run's directory is named in hvdtrain.elastic, which puts it on its error.
-            run_dir = run_dir or getattr(error, "run_dir", None) or getattr(error.__cause__, "run_dir", None)
-            ckpt_dir = ckpt_dir or (config.checkpoint.dir or os.path.join(run_dir, "checkpoints") if run_dir else None)
+            if run_dir is None:
+                run_dir = getattr(error, "run_dir", None) or getattr(error.__cause__, "run_dir", None)
+                if run_dir:
+                    ckpt_dir = config.checkpoint.dir or os.path.join(run_dir, "checkpoints")
             error.run_dir = run_dir if ckpt_dir and os.path.isdir(ckpt_dir) else None
         watchdog.close()
         cbs.close_all(callbacks)

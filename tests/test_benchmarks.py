@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import math
 import re
+import threading
+import time
 from typing import Dict, List
 
 import pytest
@@ -55,23 +57,55 @@ def close(derived: float, printed: float, rel: float = 5e-3, abs_: float = 2e-3)
 
 def test_scaling_efficiency_is_total_over_np_times_one_rank(tmp_path):
     out = script("scaling.py", "--models", "cnn", "--max-np", "2", "--warmup-batches", "1", "--iters", "2",
-                 "--batches-per-iter", "1", "--repeats", "1", *TINY, "--plot", str(tmp_path / "p.png"),
+                 "--batches-per-iter", "1", "--repeats", "2", *TINY, "--plot", str(tmp_path / "p.png"),
                  tmp_path=tmp_path)
     (table,) = tables(out)
     rows = {int(r["np"]): r for r in table}
     assert sorted(rows) == [1, 2]
-    one, two = number(rows[1]["img/s total"]), number(rows[2]["img/s total"])
-    assert close(2 * number(rows[2]["img/s per rank"]), two)
+    assert close(2 * number(rows[2]["img/s per rank"]), number(rows[2]["img/s total"]))
     assert number(rows[1]["scaling efficiency (range)"]) == 1.0
-    efficiency = number(rows[2]["scaling efficiency (range)"])
-    assert close(two / (2 * one), efficiency)
-    # The ceiling: two np=1 jobs at once, one per core, against twice one job alone.
-    (alone,) = re.findall(r"cnn 2 independent np=1 jobs at once \(repeat 1/1\): ([\d.]+), ([\d.]+) img/s", out)
-    ceiling = number(rows[2]["ceiling, no communication (range)"])
-    assert close(sum(map(float, alone)) / (2 * one), ceiling)
-    assert close(efficiency / ceiling, number(rows[2]["efficiency / ceiling"]))
-    assert rows[1]["ceiling, no communication (range)"] == rows[1]["efficiency / ceiling"] == ""
+    # Each repeat's ratios, from the lines printed after each job; the table shows their medians
+    # (of two repeats: the mean).
+    totals = {int(np_): [float(t) for t in found]
+              for np_ in "12" for found in [re.findall(rf"cnn np={np_} \(repeat \d/2\): .* total ([\d.]+)", out)]}
+    concurrent = [float(a) + float(b) for a, b in
+                  re.findall(r"cnn 2 independent np=1 jobs at once \(repeat \d/2\): ([\d.]+), ([\d.]+) img/s", out)]
+    assert len(totals[1]) == len(totals[2]) == len(concurrent) == 2
+    efficiency = [two / (2 * one) for one, two in zip(totals[1], totals[2])]
+    ceiling = [both / (2 * one) for one, both in zip(totals[1], concurrent)]
+    assert close(sum(efficiency) / 2, number(rows[2]["scaling efficiency (range)"]))
+    assert close(sum(ceiling) / 2, number(rows[2]["ceiling, no communication (range)"]))
+    assert close(sum(e / c for e, c in zip(efficiency, ceiling)) / 2, number(rows[2]["efficiency / ceiling (median)"]))
+    assert rows[1]["ceiling, no communication (range)"] == rows[1]["efficiency / ceiling (median)"] == ""
     assert_png(tmp_path / "p.png")
+
+
+def test_side_by_side_jobs_are_timed_over_the_same_span(tmp_path, monkeypatch):
+    """``images_per_second`` in a job run beside another waits for the other's warm-up before it
+    times, then keeps stepping (untimed) until the other is done: the other is simulated by a
+    thread that arrives late at both points."""
+    monkeypatch.syspath_prepend(str(BENCH))
+    import common
+
+    monkeypatch.setenv(common.SideBySide.ENV, f"{tmp_path}:2")
+    steps, other_is_done = [], threading.Event()
+
+    def other_job():
+        time.sleep(0.5)
+        (tmp_path / "ready-other").touch()
+        time.sleep(0.5)
+        (tmp_path / "done-other").touch()
+        other_is_done.set()
+
+    threading.Thread(target=other_job).start()
+    samples = common.images_per_second(lambda n: steps.append((n, time.monotonic(), other_is_done.is_set())),
+                                       batch_size=8, warmup_batches=3, iters=2, batches_per_iter=4)
+    assert len(samples) == 2
+    warmup, timed, untimed = steps[0], steps[1:3], steps[3:]
+    assert warmup[0] == 3 and [n for n, _, _ in timed] == [4, 4]
+    assert timed[0][1] - warmup[1] >= 0.4, "timing began before the other job had warmed up"
+    assert untimed and all(n == 1 for n, _, _ in untimed) and not any(done for _, _, done in untimed[:-1])
+    assert other_is_done.is_set()
 
 
 def test_vs_horovod_ratio_of_step_times(tmp_path):

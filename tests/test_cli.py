@@ -118,7 +118,7 @@ def test_an_evaluation_only_run_records_its_test_metrics(tmp_path):
     result = hvdtrain(2, [*FAST, "--epochs", "1", "--log-dir", str(tmp_path), "--resume"])
     evaluation = json.loads((tmp_path / "evaluation.json").read_text())
     (last,) = metrics(tmp_path)
-    assert evaluation["epochs_trained"] == 1 and evaluation["world_size"] == 2
+    assert evaluation["epoch"] == 1 and evaluation["step_in_epoch"] == 0 and evaluation["world_size"] == 2
     assert evaluation["test_accuracy"] == pytest.approx(last["test_accuracy"], abs=1e-6)
     assert evaluation["test_loss"] == pytest.approx(last["test_loss"], rel=1e-5)
     assert f"test loss {evaluation['test_loss']:.4f} acc {evaluation['test_accuracy']:.4f}" in result.stdout

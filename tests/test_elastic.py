@@ -12,6 +12,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
@@ -64,15 +65,15 @@ def _elastic_job(tmp_path, hosts, np_, max_np, args, env=None, module="hvdtrain"
 
 
 def _finish(job, timeout=300):
-    """Wait up to ``timeout`` s for the job, then kill its process group; return its output ("" if
-    it was read already, by :func:`_wait_for` failing)."""
+    """Wait for the job and return its output ("" if :func:`_wait_for`, failing, has read it);
+    after ``timeout`` s kill its process group and fail with its output."""
     if job.stdout.closed:
         return ""
     try:
         return job.communicate(timeout=timeout)[0]
     except subprocess.TimeoutExpired:
         os.killpg(job.pid, signal.SIGKILL)
-        return job.communicate()[0]
+        raise AssertionError(f"job still running after {timeout} s:\n{job.communicate()[0][-4000:]}") from None
 
 
 def _wait_for(what, condition, job, timeout=240):
@@ -156,16 +157,26 @@ def test_elastic_resume_continues_mid_epoch_at_another_world_size(tmp_path):
 def test_an_interrupted_elastic_run_says_where_to_resume_from(tmp_path):
     """Ctrl-C on the worker of an elastic run without --log-dir: it names the directory it chose."""
     job, _ = _elastic_job(tmp_path, ["localhost"], 1, 1, ["--epochs", "1000", "--checkpoint-every", "20"], log_dir=None)
+    said = "hvdtrain: interrupted; the checkpoints written so far are complete: rerun the same command with --resume"
+    lines = []
     try:
         _wait_for("a checkpoint", lambda: list(tmp_path.glob("runs/*/checkpoints/ckpt-*")), job)
+        reader = threading.Thread(target=lambda: lines.extend(job.stdout), daemon=True)
+        reader.start()
         worker = psutil.Process(rank_pid(job, 0))
         worker.send_signal(signal.SIGINT)
         worker.wait(timeout=60)
+        # The driver passes the worker's output on, then may wait for other hosts: no exit to wait for.
+        deadline = time.time() + 60
+        while time.time() < deadline and not any(said in line for line in lines):
+            time.sleep(0.2)
     finally:
-        out = _finish(job, timeout=5)  # the driver may wait for other hosts: it has 5 s to pass the output on
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+        job.wait()
     (run_dir,) = [p.relative_to(tmp_path) for p in tmp_path.glob("runs/*")]
-    assert (f"hvdtrain: interrupted; the checkpoints written so far are complete: rerun the same command with "
-            f"--resume --log-dir {run_dir} to continue from the last one") in out, out[-3000:]
+    (line,) = [line for line in lines if said in line]
+    assert line.endswith(f"{said} --log-dir {run_dir} to continue from the last one\n"), "".join(lines)[-3000:]
 
 
 def test_launch_script_runs_an_elastic_job_on_this_host(tmp_path):
