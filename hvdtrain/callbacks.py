@@ -77,9 +77,12 @@ class EpochLine(Callback):
         self.epochs = epochs
 
     def on_epoch_end(self, epoch, m):
-        print(f"epoch {epoch + 1:>3}/{self.epochs}  train loss {m['train_loss']:.4f} acc {m['train_accuracy']:.4f}  "
-              f"test loss {m['test_loss']:.4f} acc {m['test_accuracy']:.4f}  "
-              f"{m['images_per_sec']:,.0f} img/s  {m['epoch_time_s']:.1f} s  lr {m['lr']:.4g}", flush=True)
+        # The newline in the same write: with PYTHONUNBUFFERED (common in containers) print() writes
+        # it apart, and mpirun then tags it as a line of its own, after the epoch's line.
+        sys.stdout.write(f"epoch {epoch + 1:>3}/{self.epochs}  train loss {m['train_loss']:.4f} "
+                         f"acc {m['train_accuracy']:.4f}  test loss {m['test_loss']:.4f} acc {m['test_accuracy']:.4f}  "
+                         f"{m['images_per_sec']:,.0f} img/s  {m['epoch_time_s']:.1f} s  lr {m['lr']:.4g}\n")
+        sys.stdout.flush()
 
 
 def logged_epochs(path: str) -> List[Tuple[int, str]]:

@@ -3,7 +3,7 @@ import io
 import json
 import time
 
-from hvdtrain.callbacks import Callback, JsonlMetrics, ProgressBar, TensorBoard, close_all, logged_epochs
+from hvdtrain.callbacks import Callback, EpochLine, JsonlMetrics, ProgressBar, TensorBoard, close_all, logged_epochs
 from tests.logs import tensorboard_scalars
 
 
@@ -29,6 +29,23 @@ def test_progress_bar_draws_on_a_terminal(monkeypatch):
 def test_progress_bar_stays_silent_in_a_log_file(monkeypatch):
     """Under a launcher or in a batch job's log, redraws would pile up as lines."""
     assert _one_epoch(monkeypatch, io.StringIO()) == ""
+
+
+def test_the_epoch_line_is_one_write_with_its_newline(monkeypatch):
+    """Unbuffered (PYTHONUNBUFFERED), a separate write of the newline reaches mpirun as a chunk of
+    its own, which it tags as a line: the line and its newline must go out in one write."""
+    writes = []
+
+    class Recorder(io.StringIO):
+        def write(self, text):
+            writes.append(text)
+            return super().write(text)
+
+    monkeypatch.setattr("sys.stdout", Recorder())
+    EpochLine(12).on_epoch_end(2, {"train_loss": 0.5, "train_accuracy": 0.8, "test_loss": 0.6, "test_accuracy": 0.75,
+                                   "images_per_sec": 1900.0, "epoch_time_s": 31.5, "lr": 0.09})
+    assert writes == ["epoch   3/12  train loss 0.5000 acc 0.8000  test loss 0.6000 acc 0.7500  1,900 img/s  31.5 s  "
+                      "lr 0.09\n"]
 
 
 def test_a_resumed_run_drops_the_epochs_after_its_checkpoint_and_a_cut_line(tmp_path):
