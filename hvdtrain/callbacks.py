@@ -122,20 +122,23 @@ class JsonlMetrics(Callback):
         if not os.path.exists(self.path):
             return
         kept = [line for epoch, line in logged_epochs(self.path) if epoch <= start_epoch]
-        tmp = self.path + ".tmp"
-        with open(tmp, "w") as f:
-            f.writelines(kept)
-        os.replace(tmp, self.path)
+        _replace_file(self.path, "".join(kept))
 
     def on_epoch_end(self, epoch, metrics):
         with open(self.path, "a") as f:
             f.write(json.dumps({"epoch": epoch + 1, **metrics}) + "\n")
 
     def on_evaluation_only(self, position, metrics):
-        tmp = self.evaluation_path + ".tmp"
-        with open(tmp, "w") as f:
-            f.write(json.dumps({**position, **metrics}) + "\n")
-        os.replace(tmp, self.evaluation_path)
+        _replace_file(self.evaluation_path, json.dumps({**position, **metrics}) + "\n")
+
+
+def _replace_file(path: str, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file and a rename: a reader, or a crash,
+    sees the old file or the new one, never a part."""
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
 
 
 class TensorBoard(Callback):
