@@ -1,6 +1,11 @@
-"""Start real ranks for tests: ``horovodrun --gloo``, ``horovodrun --mpi``, ``mpirun``, or one plain process."""
+"""Start real ranks for tests: ``horovodrun --gloo``, ``horovodrun --mpi``, ``mpirun``, or one plain process.
+
+``horovodrun`` here is :mod:`tests.horovodrun`: Horovod's launcher with its build check (4 s of
+CPU per launch) answered once per session.
+"""
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import subprocess
@@ -12,12 +17,24 @@ REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 LAUNCHERS = ("gloo", "horovodrun-mpi", "mpirun", "single")
 
+HOROVODRUN = [sys.executable, "-m", "tests.horovodrun"]
 MPIRUN = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none",
           # Containers often forbid the cross-memory-attach that OpenMPI's shared-memory BTL tries first.
           "--mca", "btl_vader_single_copy_mechanism", "none"]
 
 
+@functools.lru_cache(maxsize=None)
+def _horovod_built() -> str:
+    """Horovod's own answer, asked once: built with Gloo, with MPI (see :mod:`tests.horovodrun`)."""
+    from horovod.common.util import gloo_built, mpi_built
+
+    return f"gloo={int(gloo_built())},mpi={int(mpi_built())}"
+
+
 def rank_env(extra: Optional[dict] = None) -> dict:
+    """The environment for ranks: this repository importable, no GPU, unbuffered output, root allowed."""
+    from tests.horovodrun import ENV as HOROVOD_BUILT
+
     env = dict(os.environ)
     env.update({
         "PYTHONPATH": os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep),
@@ -28,6 +45,7 @@ def rank_env(extra: Optional[dict] = None) -> dict:
         "OMPI_ALLOW_RUN_AS_ROOT": "1",
         "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
         "OMPI_MCA_btl_vader_single_copy_mechanism": "none",
+        HOROVOD_BUILT: _horovod_built(),
     })
     env.update(extra or {})
     return env
@@ -37,9 +55,9 @@ def command(np_: int, argv: List[str], launcher: str = "gloo") -> List[str]:
     """The command line that starts ``np_`` ranks of ``python <argv>`` with ``launcher``."""
     python = [sys.executable, *argv]
     if launcher == "gloo":
-        return [str(BIN / "horovodrun"), "-np", str(np_), "-H", f"localhost:{np_}", "--gloo", *python]
+        return [*HOROVODRUN, "-np", str(np_), "-H", f"localhost:{np_}", "--gloo", *python]
     if launcher == "horovodrun-mpi":
-        return [str(BIN / "horovodrun"), "-np", str(np_), "-H", f"localhost:{np_}", "--mpi",
+        return [*HOROVODRUN, "-np", str(np_), "-H", f"localhost:{np_}", "--mpi",
                 "--mpi-args=--oversubscribe --bind-to none", *python]
     if launcher == "mpirun":
         return [*MPIRUN, "-np", str(np_), *python]

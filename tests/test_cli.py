@@ -50,8 +50,6 @@ def test_resume_continues_exactly(tmp_path):
     whole, split = tmp_path / "whole", tmp_path / "split"
     hvdtrain(2, [*common, "--epochs", "2", "--log-dir", str(whole)])
     hvdtrain(2, [*common, "--epochs", "1", "--log-dir", str(split)])
-    refused = hvdtrain(2, [*common, "--epochs", "2", "--log-dir", str(split)], check=False)
-    assert refused.returncode != 0 and "pass --resume" in refused.stderr
     resumed = hvdtrain(2, [*common, "--epochs", "2", "--log-dir", str(split), "--resume"])
     assert "epochs 2..2" in resumed.stdout
     # Only the epoch count differs from the checkpointed run, and the resumed run says so.
@@ -124,6 +122,18 @@ def test_an_evaluation_only_run_records_its_test_metrics(tmp_path):
     assert f"test loss {evaluation['test_loss']:.4f} acc {evaluation['test_accuracy']:.4f}" in result.stdout
     assert (tmp_path / "metrics.jsonl").read_text() == logged
     assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_a_fresh_run_with_no_epochs_evaluates_the_initial_weights(tmp_path):
+    """--epochs 0 on a new run: the test metrics of the initial weights go to evaluation.json,
+    at position epoch 0, step 0, and no epoch is logged."""
+    result = hvdtrain(1, [*FAST, "--epochs", "0", "--log-dir", str(tmp_path)], launcher="single")
+    evaluation = json.loads((tmp_path / "evaluation.json").read_text())
+    assert {k: evaluation[k] for k in ("epoch", "step_in_epoch", "example_in_epoch", "world_size")} == {
+        "epoch": 0, "step_in_epoch": 0, "example_in_epoch": 0, "world_size": 1}
+    assert 0 <= evaluation["test_accuracy"] <= 1 and np.isfinite(evaluation["test_loss"])
+    assert f"test loss {evaluation['test_loss']:.4f} acc {evaluation['test_accuracy']:.4f}" in result.stdout
+    assert not (tmp_path / "metrics.jsonl").exists() or not (tmp_path / "metrics.jsonl").read_text()
 
 
 def test_resume_before_the_first_checkpoint_starts_from_the_beginning(tmp_path):

@@ -19,7 +19,7 @@ import numpy as np
 import psutil
 import pytest
 
-from tests.ranks import BIN, REPO, rank_env
+from tests.ranks import BIN, HOROVODRUN, REPO, rank_env
 from tests.test_faults import rank_pid
 
 EPOCHS = 8
@@ -55,7 +55,7 @@ def _elastic_job(tmp_path, hosts, np_, max_np, args, env=None, module="hvdtrain"
     discover.chmod(0o755)
     # Horovod's elastic driver starts on a single host only when told the interface.
     single_host = ["--network-interfaces", "lo"] if len(hosts) == 1 else []
-    argv = [str(BIN / "horovodrun"), "-np", str(np_), "--min-np", "1", "--max-np", str(max_np),
+    argv = [*HOROVODRUN, "-np", str(np_), "--min-np", "1", "--max-np", str(max_np),
             "--host-discovery-script", str(discover), *single_host,
             sys.executable, "-m", module, "--elastic", "--dataset", "synthetic", "--batch-size", "32",
             "--threads", "1", "--no-progress", *(["--log-dir", str(tmp_path / log_dir)] if log_dir else []), *args]
