@@ -5,9 +5,9 @@ On every launch, ``horovodrun`` asks whether Horovod was built with Gloo (or MPI
 machine, before any rank starts. The suite starts over a hundred jobs. :func:`tests.ranks.rank_env`
 runs Horovod's real check once, in the test process, and passes its answers in
 ``HVDTRAIN_TEST_HOROVOD_BUILT``; this entry point hands them to the launcher and then runs it
-unchanged (``horovod.runner.launch.run_commandline``, what the ``horovodrun`` script runs). Without
-the variable it is plain ``horovodrun``. The launch scripts' tests (``tests/test_launch.py``) and
-the elastic launch-script test run the real ``horovodrun`` binary.
+unchanged (``horovod.runner.launch.run_commandline``, all that the ``horovodrun`` script runs).
+Without the variable it is plain ``horovodrun``. The tests of ``launch/`` (``tests/test_launch.py``,
+the elastic launch script) and of ``benchmarks/`` run the real ``horovodrun`` binary.
 
     python -m tests.horovodrun -np 2 -H localhost:2 --gloo python -m hvdtrain ...
 """
@@ -17,7 +17,7 @@ import sys
 ENV = "HVDTRAIN_TEST_HOROVOD_BUILT"  # "gloo=1,mpi=0": the session's answers to Horovod's build check
 
 
-def main() -> int:
+def main() -> None:
     from horovod.runner import launch
 
     answers = dict(item.split("=") for item in os.environ.get(ENV, "").split(",") if item)
@@ -25,8 +25,8 @@ def main() -> int:
         launch.gloo_built = lambda verbose=False: answers["gloo"] == "1"
         launch.mpi_built = lambda verbose=False: answers["mpi"] == "1"
     sys.argv[0] = "horovodrun"  # as Horovod's messages name it
-    return launch.run_commandline()
+    launch.run_commandline()
 
 
 if __name__ == "__main__":  # the launcher starts processes with multiprocessing's spawn, which re-imports this module
-    sys.exit(main())
+    main()

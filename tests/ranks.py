@@ -1,7 +1,7 @@
 """Start real ranks for tests: ``horovodrun --gloo``, ``horovodrun --mpi``, ``mpirun``, or one plain process.
 
-``horovodrun`` here is :mod:`tests.horovodrun`: Horovod's launcher with its build check (4 s of
-CPU per launch) answered once per session.
+``horovodrun`` here (``--gloo`` and ``--mpi``) is :mod:`tests.horovodrun`: Horovod's launcher with its
+build check (4 s of CPU per launch) answered once per session.
 """
 from __future__ import annotations
 
@@ -25,10 +25,14 @@ MPIRUN = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none
 
 @functools.lru_cache(maxsize=None)
 def _horovod_built() -> str:
-    """Horovod's own answer, asked once: built with Gloo, with MPI (see :mod:`tests.horovodrun`)."""
-    from horovod.common.util import gloo_built, mpi_built
+    """Horovod's own answer, asked once: built with Gloo, with MPI (see :mod:`tests.horovodrun`).
 
-    return f"gloo={int(gloo_built())},mpi={int(mpi_built())}"
+    Asked in a fresh interpreter: Horovod forks for the check, and this process runs TensorFlow.
+    """
+    check = ("from horovod.common.util import gloo_built, mpi_built; "
+             "print(f'gloo={int(bool(gloo_built()))},mpi={int(bool(mpi_built()))}')")
+    return subprocess.run([sys.executable, "-c", check], capture_output=True, text=True,
+                          check=True, timeout=300).stdout.strip().splitlines()[-1]
 
 
 def rank_env(extra: Optional[dict] = None) -> dict:

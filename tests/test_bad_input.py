@@ -125,8 +125,9 @@ CASES = [
     ("a new run into a log directory with another run's metrics",  # the earlier run below sits in t / "run"
      lambda t, r: [*SYNTHETIC, *MLP, "--log-dir", str(t / "run"), "--checkpoint-dir", str(t / "elsewhere")],
      "already holds the metrics of another run (metrics.jsonl); pass --resume to continue that run"),
-    ("a new run, without --resume, into another run's checkpoint directory",
-     lambda t, r: [*SYNTHETIC, *MLP, "--log-dir", str(t / "new-run"), "--checkpoint-dir", str(r / "checkpoints")],
+    ("a new run, without --resume, into another run's checkpoint directory",  # a copy: left as it was, below
+     lambda t, r: [*SYNTHETIC, *MLP, "--log-dir", str(t / "new-run"),
+                   "--checkpoint-dir", str(shutil.copytree(r / "checkpoints", t / "other-run-checkpoints"))],
      "already holds ckpt-000047; pass --resume to continue that run, or choose another --log-dir/--checkpoint-dir"),
     ("resume with a checkpoint of another model", lambda t, r: resume_from(t, r, model="tests.models:cnn_sync_bn"),
      "was written by another model"),
