@@ -3,7 +3,7 @@
 On every launch, ``horovodrun`` asks whether Horovod was built with Gloo (or MPI) by importing
 ``horovod.tensorflow`` -- all of TensorFlow -- in a fresh process: about 4 s of CPU on a 2-core
 machine, before any rank starts. The suite starts over a hundred jobs. :func:`tests.ranks.rank_env`
-runs Horovod's real check once, in the test process, and passes its answers in
+runs Horovod's real check once per session, in a fresh interpreter, and passes its answers in
 ``HVDTRAIN_TEST_HOROVOD_BUILT``; this entry point hands them to the launcher and then runs it
 unchanged (``horovod.runner.launch.run_commandline``, all that the ``horovodrun`` script runs).
 Without the variable it is plain ``horovodrun``. The tests of ``launch/`` (``tests/test_launch.py``,

@@ -13,6 +13,8 @@ import sys
 from pathlib import Path
 from typing import List, Optional
 
+from tests.horovodrun import ENV as HOROVOD_BUILT
+
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 LAUNCHERS = ("gloo", "horovodrun-mpi", "mpirun", "single")
@@ -37,8 +39,6 @@ def _horovod_built() -> str:
 
 def rank_env(extra: Optional[dict] = None) -> dict:
     """The environment for ranks: this repository importable, no GPU, unbuffered output, root allowed."""
-    from tests.horovodrun import ENV as HOROVOD_BUILT
-
     env = dict(os.environ)
     env.update({
         "PYTHONPATH": os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep),
