@@ -22,7 +22,10 @@ import pytest
 from tests.ranks import BIN, HOROVODRUN, REPO, rank_env
 from tests.test_faults import rank_pid
 
-EPOCHS = 8
+# The killed-chief job: epoch 1 at world size 2, rank 0 killed in epoch 2, a worker added back once an
+# epoch at world size 1 is logged; it joins within an epoch here (about 8 s), and the four epochs
+# after the kill leave room for a slower start-up. Train accuracy passes 0.9 by epoch 5.
+EPOCHS = 6
 NUM_TRAIN = 6000  # the synthetic dataset
 
 
