@@ -50,16 +50,6 @@ def blocked(tmp):
     return str(tmp / "a-file" / "sub")
 
 
-@pytest.fixture(scope="module")
-def trained_run(tmp_path_factory):
-    """A run directory holding a checkpoint of the MLP after one epoch at np=2 (made once)."""
-    run_dir = tmp_path_factory.mktemp("trained") / "run"
-    args = ["-m", "hvdtrain", *SYNTHETIC, *MLP, "--epochs", "1", "--batch-size", "64", "--no-progress",
-            "--threads", "1", "--log-dir", str(run_dir)]
-    subprocess.run(command(2, args), env=rank_env(), check=True, capture_output=True, timeout=300)
-    return run_dir
-
-
 def resume_from(tmp, trained_run, model="tests.models:mlp", truncate=False, step_in_epoch=None):
     run_dir = tmp / "resumed"
     shutil.copytree(trained_run, run_dir)
@@ -86,7 +76,8 @@ def resume_stuck_re_save(tmp, trained_run):
     return args
 
 
-# (case id, make the arguments from (tmp_path, trained_run), the message printed once)
+# (case id, make the arguments from (tmp_path, a copy-before-use trained run: conftest's trained_mlp_run),
+# the message printed once)
 CASES = [
     ("missing data directory", lambda t, r: ["--data-dir", str(t / "nowhere"), *MLP], "does not exist"),
     ("IDX bad magic number", lambda t, r: idx(t, "magic"), "bad magic number"),
@@ -163,7 +154,7 @@ def snapshot(root):
 
 @pytest.mark.parametrize("make_args, message", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
 def test_bad_input(tmp_path, make_args, message, request):
-    run = request.getfixturevalue("trained_run") if "resume" in request.node.callspec.id else None
+    run = request.getfixturevalue("trained_mlp_run") if "resume" in request.node.callspec.id else None
     args = make_args(tmp_path, run)
     # An earlier run's results sit in the default run directory: they must survive.
     earlier = tmp_path / "run"

@@ -108,10 +108,10 @@ def test_a_stopped_run_prints_one_line_and_keeps_the_checkpoints(tmp_path, launc
     assert "no epoch left to train of 1 (evaluation only)" in resumed.stdout, resumed.stdout
 
 
-def test_an_evaluation_only_run_records_its_test_metrics(tmp_path):
+def test_an_evaluation_only_run_records_its_test_metrics(tmp_path, trained_mlp_run):
     """--resume with no epoch left: the test metrics of the checkpoint go to evaluation.json (the
     same as the last epoch's, from the same weights), and metrics.jsonl is left as it was."""
-    hvdtrain(2, [*FAST, "--epochs", "1", "--log-dir", str(tmp_path)])
+    tmp_path = shutil.copytree(trained_mlp_run, tmp_path / "run")  # one epoch of FAST at np=2
     logged = (tmp_path / "metrics.jsonl").read_text()
     result = hvdtrain(2, [*FAST, "--epochs", "1", "--log-dir", str(tmp_path), "--resume"])
     evaluation = json.loads((tmp_path / "evaluation.json").read_text())
