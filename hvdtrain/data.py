@@ -232,8 +232,12 @@ def validate(x_train, y_train, x_test, y_test, name: str, num_classes: int = 0) 
             raise HvdtrainError(f"{name}: {key} must be uint8 or floating point, got dtype {x.dtype}")
         if x.ndim != 4:
             raise HvdtrainError(f"{name}: {key} must have shape (n, H, W[, C]), got {x.shape}")
-        if np.issubdtype(x.dtype, np.floating) and not np.all(np.isfinite(x)):
-            raise HvdtrainError(f"{name}: {key} contains NaN or Inf")
+    # Floating-point images are trained on as float32: checked after the cast, where a float64
+    # value beyond float32's range has become infinite.
+    x_train, x_test = (x if x.dtype == np.uint8 else x.astype(np.float32) for x in (x_train, x_test))
+    for key, x in (("x_train", x_train), ("x_test", x_test)):
+        if x.dtype == np.float32 and not np.all(np.isfinite(x)):
+            raise HvdtrainError(f"{name}: {key} contains NaN or Inf (or values beyond float32's range, 3.4e38)")
     if x_train.shape[1:] != x_test.shape[1:]:
         raise HvdtrainError(f"{name}: train images {x_train.shape[1:]} and test images {x_test.shape[1:]} differ in shape")
     for key, y, x in (("y_train", y_train, x_train), ("y_test", y_test, x_test)):
@@ -254,15 +258,18 @@ def validate(x_train, y_train, x_test, y_test, name: str, num_classes: int = 0) 
     if num_classes < 2:
         raise HvdtrainError(f"{name}: need at least 2 classes, labels only take the value {high}")
     if inferred:  # a corrupt label would otherwise add classes silently (a 200 among 0..9: 201 outputs)
-        missing = np.setdiff1d(np.arange(num_classes), y_train)
-        if len(missing):
-            shown = ", ".join(map(str, missing[:5])) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+        present = np.unique(y_train)
+        missing = num_classes - len(present)
+        if missing:
+            # The first five missing classes lie below len(present) + 5: no arange over a huge label.
+            first = np.setdiff1d(np.arange(min(num_classes, len(present) + 5)), present)[:5]
+            shown = ", ".join(map(str, first)) + (f" and {missing - 5} more" if missing > 5 else "")
             raise HvdtrainError(f"{name}: labels must be class indices 0..K-1 with every class in the training "
                                 f"set; the labels go up to {high}, but no training example has class {shown}")
     return Dataset(
-        x_train=np.ascontiguousarray(x_train if x_train.dtype == np.uint8 else x_train.astype(np.float32)),
+        x_train=np.ascontiguousarray(x_train),
         y_train=y_train.astype(np.int32),
-        x_test=np.ascontiguousarray(x_test if x_test.dtype == np.uint8 else x_test.astype(np.float32)),
+        x_test=np.ascontiguousarray(x_test),
         y_test=y_test.astype(np.int32),
         num_classes=num_classes,
         name=name,

@@ -94,6 +94,9 @@ class Trainer:
             self._sums = tf.Variable(tf.zeros(3, tf.float64), trainable=False, name="epoch_sums")
         self.train_step = self._make_train_step()
         self.eval_step = self._make_eval_step()
+        self.count_non_finite = tf.function(lambda: tf.add_n(
+            [tf.reduce_sum(tf.cast(tf.logical_not(tf.math.is_finite(v)), tf.float64))
+             for v in model.variables if v.dtype.is_floating] or [tf.constant(0.0, tf.float64)]))
 
     # ---- compiled steps --------------------------------------------------------------------------
     def _make_train_step(self):
@@ -148,20 +151,38 @@ class Trainer:
         return {"loss": loss_sum / max(count, 1.0), "accuracy": correct / max(count, 1.0), "count": int(count)}
 
     @staticmethod
-    def _checked(metrics: dict, epoch: int, step: int) -> dict:
-        """Stop every rank at the same step when the global loss is NaN or infinite.
+    def _diverged(what: str) -> HvdtrainError:
+        """The error that stops every rank at the same point: ``what`` was found NaN or infinite."""
+        error = HvdtrainError(
+            f"training diverged: {what}; every rank stopped there. No diverged state was checkpointed: --resume "
+            f"from the last checkpoint with a smaller --lr or longer --warmup-epochs")
+        error.on_every_rank = True  # found from allreduced values: every rank raises at the same point
+        return error
+
+    def _checked(self, metrics: dict, epoch: int, step: int) -> dict:
+        """Stop every rank at the same step when the global training loss is NaN or infinite.
 
         The metrics are allreduced, so every rank sees the same value at the same step and raises
-        together; nothing of the diverged epoch is checkpointed.
+        together. Each step's loss is computed before its update: :meth:`_check_state` checks the
+        update before a save.
         """
         if not np.isfinite(metrics["loss"]):
-            error = HvdtrainError(
-                f"training diverged: the global training loss is {metrics['loss']} at epoch {epoch + 1}, step "
-                f"{step + 1}; every rank stopped there. No diverged state was checkpointed: --resume from the last "
-                f"checkpoint with a smaller --lr or longer --warmup-epochs")
-            error.on_every_rank = True  # every rank sees the same allreduced loss and raises here
-            raise error
+            raise self._diverged(f"the global training loss is {metrics['loss']} at epoch {epoch + 1}, step {step + 1}")
         return metrics
+
+    def _check_state(self, epoch: int, step: int) -> None:
+        """Before a checkpoint or an elastic commit: stop every rank if any floating-point model
+        variable holds a NaN or infinity after the update of ``step`` (0-based) of ``epoch``.
+
+        The loss checks cannot see the last update before a save (its loss was computed before
+        it). One allreduce of the count of non-finite values, so that every rank agrees even where
+        variables differ between ranks (per-rank BatchNorm's moving statistics).
+        """
+        local = float(self.count_non_finite())
+        bad = int(self.ctx.allreduce_sum([local], name="hvdtrain.state_check")[0])
+        if bad:
+            raise self._diverged(f"{bad:,} value(s) of the model's variables are NaN or infinite after the update of "
+                                 f"epoch {epoch + 1}, step {step + 1}")
 
     def evaluate(self) -> dict:
         """Loss and accuracy over the whole test set, each example counted once (a collective)."""
@@ -252,13 +273,17 @@ class Trainer:
                 if any(every and (step + 1) % every == 0 for every in (checkpoint_every, commit_every)) \
                         and step + 1 < steps:
                     sums = self.ctx.allreduce_sum(self._sums.numpy(), name="hvdtrain.checkpoint_sums")
-                    self._checked({"loss": sums[0] / max(sums[2], 1.0)}, epoch, step)  # never save a diverged state
+                    self._checked({"loss": sums[0] / max(sums[2], 1.0)}, epoch, step)  # never save a diverged state,
+                    self._check_state(epoch, step)  # nor the result of a diverging update
                     self._checkpoint_hook("on_mid_epoch_checkpoint", epoch, step + 1, sums)
                 for cb in self.callbacks:
                     cb.on_step_end(epoch, step, running)
             train = self._checked(self._global_mean(self._sums.numpy(), "hvdtrain.train"), epoch, steps - 1)
             elapsed = time.perf_counter() - start
             test = self.evaluate()
+            if not np.isfinite(test["loss"]):  # the epoch's last update diverged
+                raise self._diverged(f"the global test loss is {test['loss']} after epoch {epoch + 1}")
+            self._check_state(epoch, steps - 1)
             metrics = {
                 "train_loss": train["loss"], "train_accuracy": train["accuracy"],
                 "test_loss": test["loss"], "test_accuracy": test["accuracy"],

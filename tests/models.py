@@ -75,6 +75,30 @@ def diverges_after_120_steps(input_shape, num_classes):
     return tf.keras.Sequential([model, _PoisonAfter(120)], name="test_diverging")
 
 
+class _NanUpdateAt(_CountsTrainingCalls):
+    """Identity; its gradient is NaN at the `calls`-th training call only: that step's loss is
+    finite, its update is not."""
+
+    def counted(self, x):
+        poison = tf.equal(self.calls, self.limit)
+
+        @tf.custom_gradient
+        def identity(y):
+            return tf.identity(y), lambda dy: dy * tf.where(poison, float("nan"), 1.0)
+
+        return identity(x)
+
+
+def nan_update_at_step_47(input_shape, num_classes):
+    """The MLP, whose 47th training step (the last of epoch 1 in the tests) writes NaN weights."""
+    return tf.keras.Sequential([mlp(input_shape, num_classes), _NanUpdateAt(47)], name="test_nan_update")
+
+
+def nan_update_at_step_57(input_shape, num_classes):
+    """The MLP, whose 57th training step (epoch 2, step 10 in the tests) writes NaN weights."""
+    return tf.keras.Sequential([mlp(input_shape, num_classes), _NanUpdateAt(57)], name="test_nan_update")
+
+
 def _launcher_rank():
     from hvdtrain.dist import launcher_rank
 

@@ -222,6 +222,26 @@ def test_diverging_loss_stops_every_rank_and_keeps_the_last_checkpoint(tmp_path)
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["ckpt-000047", "ckpt-000094"]
 
 
+@pytest.mark.parametrize("model, where, epochs, kept", [
+    ("nan_update_at_step_57", "value(s) of the model's variables are NaN or infinite after the update of epoch 2, "
+                              "step 10", [1], ["ckpt-000030", "ckpt-000040", "ckpt-000047"]),
+    ("nan_update_at_step_47", "the global test loss is nan after epoch 1", [],
+     ["ckpt-000020", "ckpt-000030", "ckpt-000040"]),
+], ids=["before a mid-epoch checkpoint", "before the end of an epoch"])
+def test_a_diverging_update_is_never_checkpointed(tmp_path, model, where, epochs, kept):
+    """The last update before a checkpoint (every 10 steps, and at the end of each 47-step epoch)
+    writes NaN weights from a finite loss: every rank stops before saving it, and the checkpoints
+    and metrics before it stay."""
+    result = hvdtrain(2, [*FAST, "--model", f"tests.models:{model}", "--log-dir", str(tmp_path), "--epochs", "3",
+                          "--checkpoint-every", "10"], check=False)
+    output = result.stdout + result.stderr
+    assert result.returncode != 0
+    assert output.count("hvdtrain: error: training diverged: ") == 1 and where in output, output[-3000:]
+    logged = metrics(tmp_path) if (tmp_path / "metrics.jsonl").exists() else []
+    assert [m["epoch"] for m in logged] == epochs
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == kept
+
+
 def test_resume_mid_epoch_is_exact(tmp_path):
     """A crash right after a mid-epoch checkpoint (simulated by removing everything written after
     it), then --resume, ends with the weights and metrics of the uninterrupted run."""

@@ -101,6 +101,10 @@ def test_npz_keras_layout(tmp_path):
     (dict(y_train=np.arange(12) - 1), r"labels must be in \[0, 11\), found range \[-1, 10\]"),
     (dict(x_train=np.zeros((0, 6, 6), np.uint8), y_train=np.zeros(0, np.int64)), "empty dataset"),
     (dict(x_train=np.full((12, 6, 6), np.nan)), "NaN or Inf"),
+    (dict(x_test=np.full((5, 6, 6), 1e39)), r"x_test contains NaN or Inf \(or values beyond float32's range"),
+    # A corrupt label far beyond the classes is named without counting up to it.
+    (dict(y_train=np.r_[np.arange(11) % 4, 2 ** 40]),
+     r"the labels go up to 1099511627776, but no training example has class 4, 5, 6, 7, 8 and 1099511627767 more"),
 ])
 def test_npz_errors(tmp_path, overrides, message):
     with pytest.raises(HvdtrainError, match=message):
