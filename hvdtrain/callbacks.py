@@ -282,7 +282,11 @@ class ElasticCommit(Callback):
 
     def __init__(self, state, plan, every_steps: int):
         self.state, self.plan, self.every_steps = state, plan, every_steps
-        self._saved = False
+        self._check_hosts = False
+        self._epochs = None
+
+    def on_train_begin(self, start_epoch, epochs):
+        self._epochs = epochs
 
     def on_mid_epoch_checkpoint(self, epoch, steps_done, epoch_sums):
         if steps_done % self.every_steps == 0:
@@ -290,15 +294,18 @@ class ElasticCommit(Callback):
 
     def on_epoch_end(self, epoch, metrics):
         self._save(epoch + 1, 0, None)
+        # The last commit: training is over, so workers that joined or left no longer matter
+        # (a reset here would re-enter training with nothing left but an evaluation).
+        self._check_hosts = epoch + 1 < self._epochs
 
     def _save(self, epoch, example, epoch_sums):
         self.state.epoch, self.state.example, self.state.epoch_sums = epoch, example, epoch_sums
         self.state.save()
-        self._saved = True
+        self._check_hosts = True
 
     def after_agreement(self) -> None:
         """The second half of a commit: raises ``HostsUpdatedInterrupt`` on every rank alike if
         workers joined or left (a broadcast; called on every rank at the same points)."""
-        if self._saved:
-            self._saved = False
+        if self._check_hosts:
+            self._check_hosts = False
             self.state.check_host_updates()

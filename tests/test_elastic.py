@@ -193,6 +193,24 @@ def test_launch_script_runs_an_elastic_job_on_this_host(tmp_path):
     assert [e["world_size"] for e in epochs] == [2] and epochs[0]["train_examples"] == NUM_TRAIN
 
 
+def test_a_worker_added_during_the_last_epoch_does_not_restart_training(tmp_path):
+    """A worker added during the only epoch (no commit before its end) is announced at the last
+    commit: the job ends there, instead of resetting to run an evaluation with the new worker."""
+    run_dir = tmp_path / "run"
+    job, hosts = _elastic_job(tmp_path, ["localhost"], 1, 2, ["--epochs", "1", "--commit-every", "100000", "--model",
+                                                              "tests.models:mlp", "--batch-size", "8"])
+    try:
+        _wait_for("training to start", lambda: (run_dir / "tensorboard").exists(), job)
+        time.sleep(0.5)  # into the epoch: 750 steps, 8 s here
+        with open(hosts, "a") as f:
+            f.write("127.0.0.1:1\n")
+    finally:
+        out = _finish(job)
+    assert job.returncode == 0, out[-5000:]
+    assert [e["world_size"] for e in _epochs(run_dir / "metrics.jsonl")] == [1]
+    assert not (run_dir / "evaluation.json").exists() and "evaluation only" not in out, out[-3000:]
+
+
 def test_a_worker_that_fails_while_joining_is_left_out(tmp_path):
     """The survivors wait for a joining worker in the state sync; if it fails instead, they go on without it."""
     marker = tmp_path / "joiners-fail"
