@@ -56,7 +56,8 @@ class ModelConfig:
 
     Attributes:
         name: ``cnn``, ``resnet20`` or ``package.module:function``.
-        sync_bn: built-in models use synchronized (True) or per-rank (False) batch normalization.
+        sync_bn: built-in models use synchronized (True) or per-rank (False) batch normalization;
+            a model function chooses its own layers, so False is refused with one.
     """
 
     name: str = "cnn"
@@ -64,6 +65,11 @@ class ModelConfig:
 
     def __post_init__(self):
         _check(isinstance(self.name, str) and bool(self.name.strip()), "--model", "a model name", self.name)
+        if not self.sync_bn and ":" in self.name:
+            raise HvdtrainError(
+                f"--no-sync-bn applies to the built-in models only; the function of --model {self.name!r} "
+                f"chooses its own layers (tf.keras.layers.BatchNormalization normalizes each rank's batch, "
+                f"hvdtrain.SyncBatchNormalization the global batch)")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -230,7 +230,15 @@ def build_model(spec: str, input_shape: Tuple[int, int, int], num_classes: int, 
         except Exception as e:  # noqa: BLE001 -- the user's code
             raise HvdtrainError(f"--model {spec!r}: cannot build the model for inputs (None, "
                                 f"{', '.join(map(str, input_shape))}): {type(e).__name__}: {e}") from e
-    out_shape = tuple(model.output_shape) if hasattr(model, "output_shape") else None
-    if out_shape is not None and out_shape[-1] != num_classes:
-        raise HvdtrainError(f"--model {spec!r}: the model outputs shape {out_shape}, expected (batch, {num_classes}) logits")
+    # One inference call on two images (no collectives: synchronized BatchNorm uses its moving
+    # statistics) checks what Keras' output_shape may not tell: subclassed models have none.
+    try:
+        out_shape = tuple(model(tf.zeros((2, *input_shape)), training=False).shape)
+    except Exception as e:  # noqa: BLE001 -- the user's code
+        first_line = (str(e).strip().splitlines() or [""])[0]
+        raise HvdtrainError(f"--model {spec!r}: the model fails on a batch of (2, {', '.join(map(str, input_shape))}) "
+                            f"images: {type(e).__name__}: {first_line}") from e
+    if out_shape != (2, num_classes):
+        raise HvdtrainError(f"--model {spec!r}: the model outputs shape {out_shape} for 2 images, expected "
+                            f"(2, {num_classes}) logits")
     return model

@@ -41,6 +41,37 @@ def wrong_outputs(input_shape, num_classes):
                                 tf.keras.layers.Dense(num_classes + 1)])
 
 
+class _Subclassed(tf.keras.Model):
+    """A subclassed model: Keras knows no output shape for it."""
+
+    def __init__(self, outputs):
+        super().__init__()
+        self.flatten, self.dense = tf.keras.layers.Flatten(), tf.keras.layers.Dense(outputs)
+
+    def call(self, x):
+        return self.dense(self.flatten(x))
+
+
+def subclassed_wrong_outputs(input_shape, num_classes):
+    return _Subclassed(num_classes + 2)
+
+
+def subclassed(input_shape, num_classes):
+    return _Subclassed(num_classes)
+
+
+def per_pixel_outputs(input_shape, num_classes):
+    """Logits for every pixel, (batch, H, W, K): the last dimension is right, the rank is not."""
+    return tf.keras.Sequential([tf.keras.Input(input_shape), tf.keras.layers.Conv2D(num_classes, 3)])
+
+
+def fails_when_called(input_shape, num_classes):
+    """Builds, then fails on its first call (its weights expect another input size)."""
+    model = tf.keras.Sequential([tf.keras.layers.Flatten(), tf.keras.layers.Dense(num_classes)])
+    model.build((None, 7, 7, 1))
+    return model
+
+
 def raises(input_shape, num_classes):
     raise RuntimeError("boom from the user's model")
 

@@ -6,7 +6,10 @@ import pytest
 import tensorflow as tf
 
 from hvdtrain import SyncBatchNormalization
-from hvdtrain.models import SeededDropout, norm_factory, resnet20, set_dropout_rank, seed_cnn, unfused_norm
+from hvdtrain.config import ModelConfig
+from hvdtrain.errors import HvdtrainError
+from hvdtrain.models import (SeededDropout, build_model, norm_factory, resnet20, set_dropout_rank, seed_cnn,
+                             unfused_norm)
 
 
 def _count(model, layer_type, **attrs):
@@ -125,3 +128,27 @@ def test_set_dropout_rank_reaches_nested_models_and_only_seeded_dropout():
     dropouts = [m for m in cnn.submodules if isinstance(m, SeededDropout)]
     assert dropouts and all(d.rank == 5 for d in dropouts)
     assert {m.name: m.get_config() for m in cnn.layers if not isinstance(m, SeededDropout)} == config_before
+
+
+@pytest.mark.parametrize("function, message", [
+    ("wrong_outputs", r"the model outputs shape \(2, 11\) for 2 images, expected \(2, 10\) logits"),
+    ("subclassed_wrong_outputs", r"the model outputs shape \(2, 12\) for 2 images, expected \(2, 10\) logits"),
+    ("per_pixel_outputs", r"the model outputs shape \(2, 26, 26, 10\) for 2 images, expected \(2, 10\) logits"),
+    ("fails_when_called", r"the model fails on a batch of \(2, 28, 28, 1\) images: (ValueError|InvalidArgumentError)"),
+])
+def test_a_model_function_with_the_wrong_outputs_is_refused(function, message):
+    """Checked by calling the model on two images: Keras knows no output shape for a subclassed model."""
+    with pytest.raises(HvdtrainError, match=rf"--model 'tests.models:{function}': {message}"):
+        build_model(f"tests.models:{function}", (28, 28, 1), 10)
+
+
+def test_a_subclassed_model_function_builds():
+    model = build_model("tests.models:subclassed", (28, 28, 1), 10)
+    assert model(tf.zeros((3, 28, 28, 1))).shape == (3, 10)
+
+
+def test_no_sync_bn_is_refused_with_a_model_function():
+    with pytest.raises(HvdtrainError, match=r"--no-sync-bn applies to the built-in models only; the function of "
+                                            r"--model 'mypkg.models:build' chooses its own layers"):
+        ModelConfig(name="mypkg.models:build", sync_bn=False)
+    assert not ModelConfig(name="resnet20", sync_bn=False).sync_bn
