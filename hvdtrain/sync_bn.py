@@ -70,8 +70,10 @@ class SyncBatchNormalization(tf.keras.layers.Layer):
         beta_regularizer, gamma_regularizer: optional Keras regularizers.
         beta_constraint, gamma_constraint: optional Keras constraints.
         unbiased_moving_variance: if True, the moving variance tracks the unbiased global batch
-            variance ``var · N/(N - 1)`` (PyTorch's convention); default False tracks the biased
-            variance used for normalization (Keras' convention).
+            variance ``var · N/(N - 1)``, as PyTorch's BatchNorm and Keras' fused kernel do (Keras'
+            default for 4-D inputs); default False tracks the biased variance used for
+            normalization, as Keras' layer does otherwise (``fused=False``, inputs of other ranks)
+            and Horovod's ``SyncBatchNormalization``. Over N examples they differ by N/(N - 1).
         activation: None, or ``"relu"`` to return ``max(0, normalized)``: the same as a
             ``tf.keras.layers.ReLU`` after the layer, fused into the normalization (as TensorFlow
             fuses its own batch norm with a following ReLU), so that on the CPU kernels the ReLU

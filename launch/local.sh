@@ -20,6 +20,6 @@ case "${1:-mpi}" in
   # Plain mpirun: each rank learns rank/size from OpenMPI. -bind-to none lets hvdtrain give each
   # rank its own slice of cores; root needs --allow-run-as-root.
   mpirun) exec mpirun -np "$NP" -bind-to none -map-by slot --allow-run-as-root \
-            -x PATH -x LD_LIBRARY_PATH -x TF_CPP_MIN_LOG_LEVEL $PY -m hvdtrain $ARGS ;;
+            -x PATH ${LD_LIBRARY_PATH:+-x LD_LIBRARY_PATH} -x TF_CPP_MIN_LOG_LEVEL $PY -m hvdtrain $ARGS ;;
   *) echo "usage: $0 [mpi|gloo|mpirun]" >&2; exit 2 ;;
 esac

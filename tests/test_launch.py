@@ -1,6 +1,7 @@
-"""Launching across two hosts: network namespaces with their own addresses, joined by a veth pair,
-sshd in each. The launch/ scripts start one rank per host with mpirun (hostfile) and with horovodrun
-(-H, Gloo); both must match the single-host run. Cutting the link must end every rank, not hang it.
+"""The launch/ scripts. On this host: launch/local.sh, its default (horovodrun over MPI) and plain
+mpirun. Across two hosts: network namespaces with their own addresses, joined by a veth pair, sshd
+in each; the scripts start one rank per host with mpirun (hostfile) and with horovodrun (-H, Gloo),
+and both must match the single-host run. Cutting the link must end every rank, not hang it.
 """
 import json
 import os
@@ -17,7 +18,7 @@ from tests.ranks import REPO, rank_env, run_ranks
 from tests.twohosts import IFACE, TwoHosts, namespaces_supported
 
 REASON = namespaces_supported()
-pytestmark = pytest.mark.skipif(bool(REASON), reason=REASON)
+two_hosts = pytest.mark.skipif(bool(REASON), reason=REASON)
 
 VENV = os.path.dirname(os.path.dirname(sys.executable))
 
@@ -25,6 +26,22 @@ VENV = os.path.dirname(os.path.dirname(sys.executable))
 def final_test_accuracy(run_dir):
     with open(os.path.join(run_dir, "metrics.jsonl")) as f:
         return [json.loads(line) for line in f][-1]["test_accuracy"]
+
+
+@pytest.mark.parametrize("mode", ["mpi", "mpirun"])
+def test_local_script_trains_on_this_host(tmp_path, mode):
+    """launch/local.sh [mode]: two ranks on this host train and log an epoch; without
+    LD_LIBRARY_PATH set, mpirun is not asked to pass it on (it would warn)."""
+    env = rank_env({"VENV": VENV, "NP": "2", "ARGS": f"--dataset synthetic --model tests.models:mlp --epochs 1 "
+                                                    f"--threads 1 --no-progress --log-dir {tmp_path / 'run'}"})
+    env.pop("LD_LIBRARY_PATH", None)
+    result = subprocess.run(["bash", str(REPO / "launch" / "local.sh"), mode], cwd=REPO, env=env,
+                            capture_output=True, text=True, timeout=240)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-4000:]
+    assert "2 local rank(s) x 1 host(s)" in output and "could not find environment variable" not in output, output
+    with open(tmp_path / "run" / "metrics.jsonl") as f:
+        assert [json.loads(line)["world_size"] for line in f] == [2]
 
 
 @pytest.fixture(scope="module")
@@ -63,6 +80,7 @@ def launch(hosts, script, env, timeout=600):
     return result
 
 
+@two_hosts
 def test_mpirun_hostfile_across_two_hosts(hosts, tmp_path, job, single_host_accuracy):
     hostfile = tmp_path / "hostfile"
     hostfile.write_text("".join(f"{h} slots=1\n" for h in hosts.hosts))
@@ -73,6 +91,7 @@ def test_mpirun_hostfile_across_two_hosts(hosts, tmp_path, job, single_host_accu
     assert final_test_accuracy(tmp_path / "run") == pytest.approx(single_host_accuracy, abs=0.002)
 
 
+@two_hosts
 def test_horovodrun_gloo_across_two_hosts(hosts, tmp_path, job, single_host_accuracy):
     result = launch(hosts, "horovodrun_hosts.sh", {
         "HOSTS": ",".join(f"{h}:1" for h in hosts.hosts), "IFACE": IFACE, "SSH_KEY": str(hosts.key),
@@ -94,6 +113,7 @@ def rank_pids(hosts):
     return pids
 
 
+@two_hosts
 def test_cut_link_ends_every_rank(hosts, tmp_path):
     hostfile = tmp_path / "hostfile"
     hostfile.write_text("".join(f"{h} slots=1\n" for h in hosts.hosts))
