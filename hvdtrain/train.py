@@ -400,6 +400,8 @@ def _open_checkpoints(config: Config, run_dir: str, ckpt_dir: str, model, optimi
                             f"resume it with --elastic")
     check_resumable(latest, meta, layout)
     changed = _changed_settings(config, meta.get("config"))
+    if config.epochs <= int(meta["epoch"]):  # evaluation only: fewer epochs asked for is no change to report
+        changed = [c for c in changed if not c.startswith("epochs:")]
     if changed:  # allowed (a longer run, a lower rate), but the run is no longer the one checkpointed
         print(f"--resume: settings changed since {os.path.basename(latest)}: {'; '.join(changed)}", flush=True)
     return manager, (int(meta["epoch"]), int(meta.get("step_in_epoch", 0)), meta.get("epoch_sums"))
