@@ -272,16 +272,22 @@ class ElasticCommit(Callback):
     (a collective). So a worker lost during rank 0's checkpoint write rolls the others back to
     the state of that checkpoint, not to an earlier one.
 
+    Every checkpoint commits too (mid-epoch ones and those at the end of epochs), so a rollback
+    never returns to a state older than a checkpoint on disk: the run's checkpoints stay one
+    timeline, their tags (global steps) increasing.
+
     Args:
         state: the :class:`hvdtrain.elastic.TrainingState`.
         plan: this world size's shard plan (steps to positions in the epoch).
-        every_steps: steps between commits within an epoch; every epoch end also commits.
+
+    The trainer calls :meth:`on_mid_epoch_checkpoint` every ``--commit-every`` steps and at
+    checkpoint steps; each call commits.
     """
 
     chief_only = False
 
-    def __init__(self, state, plan, every_steps: int):
-        self.state, self.plan, self.every_steps = state, plan, every_steps
+    def __init__(self, state, plan):
+        self.state, self.plan = state, plan
         self._check_hosts = False
         self._epochs = None
 
@@ -289,8 +295,7 @@ class ElasticCommit(Callback):
         self._epochs = epochs
 
     def on_mid_epoch_checkpoint(self, epoch, steps_done, epoch_sums):
-        if steps_done % self.every_steps == 0:
-            self._save(epoch, self.plan.examples_before(steps_done), [float(v) for v in epoch_sums])
+        self._save(epoch, self.plan.examples_before(steps_done), [float(v) for v in epoch_sums])
 
     def on_epoch_end(self, epoch, metrics):
         self._save(epoch + 1, 0, None)

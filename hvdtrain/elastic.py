@@ -222,7 +222,7 @@ def train_elastic(config: Config, ctx: DistContext, dataset, fingerprint: dict, 
             if here.is_chief:  # the rank-0 block
                 print(banner(here, config, dataset, plan, schedule, model, state.run_dir, ckpt_dir,
                              state.epoch, plan.start_step(first_example=state.example)), flush=True)
-            callbacks.append(cbs.ElasticCommit(state, plan, config.elastic.commit_every))
+            callbacks.append(cbs.ElasticCommit(state, plan))
             trainer = Trainer(here, model, optimizer, dataset, plan, log_every=config.log.log_every,
                               eval_batch_size=config.data.eval_batch_size, callbacks=callbacks, watchdog=watchdog,
                               agree_on_side_effects=True)
