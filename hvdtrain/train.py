@@ -663,9 +663,11 @@ def run(config: Config) -> dict:
             e.skip_horovod_shutdown = True
         raise
     finally:
+        # The run has ended, either way: while it closes its logs, SIGTERM is only recorded (a
+        # scheduler's SIGTERM after the last checkpoint must not turn a finished run into a stopped one).
+        defer_stop_signals()
         error = sys.exc_info()[1]
         if error is not None:  # after Ctrl-C or SIGTERM, hvdtrain.cli says where the run can be resumed from
-            defer_stop_signals()
             # An elastic run's directory is named in hvdtrain.elastic, which puts it on its error.
             if run_dir is None:
                 run_dir = getattr(error, "run_dir", None) or getattr(error.__cause__, "run_dir", None)
