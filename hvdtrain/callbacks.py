@@ -272,41 +272,34 @@ class ElasticCommit(Callback):
     (a collective). So a worker lost during rank 0's checkpoint write rolls the others back to
     the state of that checkpoint, not to an earlier one.
 
-    Every checkpoint commits too (mid-epoch ones and those at the end of epochs), so a rollback
-    never returns to a state older than a checkpoint on disk: the run's checkpoints stay one
-    timeline, their tags (global steps) increasing.
+    The trainer calls :meth:`on_mid_epoch_checkpoint` every ``--commit-every`` steps and at
+    checkpoint steps, and each call commits: so a rollback never returns to a state older than a
+    checkpoint on disk, and the run's checkpoints stay one timeline, their tags (global steps)
+    increasing. The last commit, at the end of training, does not check for host updates: the job
+    ends there, and a reset would only re-enter training to evaluate once more.
 
     Args:
         state: the :class:`hvdtrain.elastic.TrainingState`.
         plan: this world size's shard plan (steps to positions in the epoch).
-
-    The trainer calls :meth:`on_mid_epoch_checkpoint` every ``--commit-every`` steps and at
-    checkpoint steps; each call commits.
+        epochs: the run's total epochs.
     """
 
     chief_only = False
 
-    def __init__(self, state, plan):
-        self.state, self.plan = state, plan
+    def __init__(self, state, plan, epochs: int):
+        self.state, self.plan, self.epochs = state, plan, epochs
         self._check_hosts = False
-        self._epochs = None
-
-    def on_train_begin(self, start_epoch, epochs):
-        self._epochs = epochs
 
     def on_mid_epoch_checkpoint(self, epoch, steps_done, epoch_sums):
-        self._save(epoch, self.plan.examples_before(steps_done), [float(v) for v in epoch_sums])
+        self._commit(epoch, self.plan.examples_before(steps_done), [float(v) for v in epoch_sums], check_hosts=True)
 
     def on_epoch_end(self, epoch, metrics):
-        self._save(epoch + 1, 0, None)
-        # The last commit: training is over, so workers that joined or left no longer matter
-        # (a reset here would re-enter training with nothing left but an evaluation).
-        self._check_hosts = epoch + 1 < self._epochs
+        self._commit(epoch + 1, 0, None, check_hosts=epoch + 1 < self.epochs)
 
-    def _save(self, epoch, example, epoch_sums):
+    def _commit(self, epoch, example, epoch_sums, check_hosts: bool):
         self.state.epoch, self.state.example, self.state.epoch_sums = epoch, example, epoch_sums
         self.state.save()
-        self._check_hosts = True
+        self._check_hosts = check_hosts
 
     def after_agreement(self) -> None:
         """The second half of a commit: raises ``HostsUpdatedInterrupt`` on every rank alike if

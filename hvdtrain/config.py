@@ -172,7 +172,8 @@ class ElasticConfig:
         enabled: run under ``horovodrun --min-np/--max-np --host-discovery-script``; a lost
             worker costs the steps since the last commit instead of the job.
         commit_every: steps between in-memory commits of the training state on every rank (each
-            costs one small allreduce and a copy of the variables to host memory).
+            costs three small allreduces -- the metric sums, the check for non-finite variables,
+            the host-update check -- a pass over the variables and their copy to host memory).
     """
 
     enabled: bool = False

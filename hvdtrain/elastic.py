@@ -8,14 +8,15 @@ collective layer whenever the set of workers changes::
 
 What happens, per Horovod's elastic recipe (https://horovod.readthedocs.io/en/stable/elastic_include.html):
 
-* Every ``--commit-every`` steps and at every epoch end, each rank copies the model and optimizer
+* Every ``--commit-every`` steps, at every checkpoint and at every epoch end, each rank copies the model and optimizer
   variables and the position in the run (epoch, example within the epoch's permutation, the
   epoch's global metric sums) to host memory (:class:`TrainingState`).
 * A worker dies: the others' next collective fails (``HorovodInternalError``); they roll back to
   the last commit, restart Horovod with the workers that are left, and continue.
 * Workers join (the discovery script lists more slots): at the next commit every rank raises
   ``HostsUpdatedInterrupt``, Horovod restarts with the new workers, and they receive rank 0's
-  state by broadcast before the first step.
+  state by broadcast before the first step. (Not at the last commit, the end of training: the job
+  ends there.)
 
 After each restart :func:`train_elastic` re-runs the part of the recipe that depends on the world
 size: the shard plan (continuing at the same example of the same epoch's permutation, so no
@@ -39,6 +40,7 @@ from hvdtrain.dist import DistContext, PeerFailure, is_peer_loss
 from hvdtrain.models import set_dropout_rank
 from hvdtrain.optim import rescale_schedule
 from hvdtrain.sharding import ShardPlan
+from hvdtrain.stop import defer_stop_signals
 from hvdtrain.watchdog import Watchdog
 
 
@@ -222,13 +224,16 @@ def train_elastic(config: Config, ctx: DistContext, dataset, fingerprint: dict, 
             if here.is_chief:  # the rank-0 block
                 print(banner(here, config, dataset, plan, schedule, model, state.run_dir, ckpt_dir,
                              state.epoch, plan.start_step(first_example=state.example)), flush=True)
-            callbacks.append(cbs.ElasticCommit(state, plan))
+            callbacks.append(cbs.ElasticCommit(state, plan, config.epochs))
             trainer = Trainer(here, model, optimizer, dataset, plan, log_every=config.log.log_every,
                               eval_batch_size=config.data.eval_batch_size, callbacks=callbacks, watchdog=watchdog,
                               agree_on_side_effects=True)
-            return trainer.fit(state.epoch, config.epochs, start_sums=state.epoch_sums, start_example=state.example,
-                               checkpoint_every=config.checkpoint.every_steps,
-                               commit_every=config.elastic.commit_every)
+            metrics = trainer.fit(state.epoch, config.epochs, start_sums=state.epoch_sums,
+                                  start_example=state.example, checkpoint_every=config.checkpoint.every_steps,
+                                  commit_every=config.elastic.commit_every)
+            # Trained: while the callbacks close (below), SIGTERM is only recorded, as in run().
+            defer_stop_signals()
+            return metrics
         except HostsUpdatedInterrupt:
             # Sync after every change, also when workers only left: by the time the driver
             # re-forms the job a worker may have joined too, and it waits in the sync

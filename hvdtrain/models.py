@@ -206,8 +206,9 @@ def build_model(spec: str, input_shape: Tuple[int, int, int], num_classes: int, 
         The built ``tf.keras.Model``.
 
     Raises:
-        HvdtrainError: for an unknown name, a module or function that cannot be imported, or a
-            function that does not return a Keras model with ``K`` outputs.
+        HvdtrainError: for an unknown name, a module or function that cannot be imported, a
+            function that does not return a Keras model, or a model that fails on a batch of two
+            images or does not return one ``(2, K)`` tensor for it.
     """
     if spec == "cnn":
         return seed_cnn(input_shape, num_classes, norm=norm_factory(sync_bn), seed=seed, rank=rank)
@@ -233,11 +234,15 @@ def build_model(spec: str, input_shape: Tuple[int, int, int], num_classes: int, 
     # One inference call on two images (no collectives: synchronized BatchNorm uses its moving
     # statistics) checks what Keras' output_shape may not tell: subclassed models have none.
     try:
-        out_shape = tuple(model(tf.zeros((2, *input_shape)), training=False).shape)
+        out = model(tf.zeros((2, *input_shape)), training=False)
     except Exception as e:  # noqa: BLE001 -- the user's code
         first_line = (str(e).strip().splitlines() or [""])[0]
         raise HvdtrainError(f"--model {spec!r}: the model fails on a batch of (2, {', '.join(map(str, input_shape))}) "
                             f"images: {type(e).__name__}: {first_line}") from e
+    if not tf.is_tensor(out):
+        raise HvdtrainError(f"--model {spec!r}: the model returns {type(out).__name__}, expected one (batch, "
+                            f"{num_classes}) tensor of logits")
+    out_shape = tuple(out.shape)
     if out_shape != (2, num_classes):
         raise HvdtrainError(f"--model {spec!r}: the model outputs shape {out_shape} for 2 images, expected "
                             f"(2, {num_classes}) logits")

@@ -94,9 +94,9 @@ class Trainer:
             self._sums = tf.Variable(tf.zeros(3, tf.float64), trainable=False, name="epoch_sums")
         self.train_step = self._make_train_step()
         self.eval_step = self._make_eval_step()
-        self.count_non_finite = tf.function(lambda: tf.add_n(
-            [tf.reduce_sum(tf.cast(tf.logical_not(tf.math.is_finite(v)), tf.float64))
-             for v in model.variables if v.dtype.is_floating] or [tf.constant(0.0, tf.float64)]))
+        self.count_non_finite = self._make_count_non_finite()
+        # Non-finite values the model starts with (a -inf mask, say) are its own, not a divergence.
+        self._non_finite_at_start = int(self.count_non_finite())
 
     # ---- compiled steps --------------------------------------------------------------------------
     def _make_train_step(self):
@@ -132,6 +132,18 @@ class Trainer:
 
         return eval_step
 
+    def _make_count_non_finite(self):
+        """A compiled function: the number (int64 scalar) of NaN and infinite values in the model's
+        floating-point variables (weights and moving statistics)."""
+        variables = [v for v in self.model.variables if v.dtype.is_floating]
+
+        @tf.function(input_signature=[])
+        def count_non_finite():
+            counts = [tf.reduce_sum(tf.cast(tf.logical_not(tf.math.is_finite(v)), tf.int64)) for v in variables]
+            return tf.add_n(counts) if counts else tf.constant(0, tf.int64)
+
+        return count_non_finite
+
     def _update_mean_count(self, step: int) -> float:
         """With gradient accumulation: the mean global batch over the passes of ``step``'s update.
 
@@ -152,7 +164,12 @@ class Trainer:
 
     @staticmethod
     def _diverged(what: str) -> HvdtrainError:
-        """The error that stops every rank at the same point: ``what`` was found NaN or infinite."""
+        """The error that stops every rank at the same point, where ``what`` was found NaN or
+        infinite (from allreduced values, so every rank finds it alike).
+
+        Returns:
+            The :class:`HvdtrainError` to raise, marked ``on_every_rank``.
+        """
         error = HvdtrainError(
             f"training diverged: {what}; every rank stopped there. No diverged state was checkpointed: --resume "
             f"from the last checkpoint with a smaller --lr or longer --warmup-epochs")
@@ -165,23 +182,33 @@ class Trainer:
         The metrics are allreduced, so every rank sees the same value at the same step and raises
         together. Each step's loss is computed before its update: :meth:`_check_state` checks the
         update before a save.
+
+        Returns:
+            ``metrics``, when its loss is finite.
+
+        Raises:
+            HvdtrainError: on every rank alike, when it is not.
         """
         if not np.isfinite(metrics["loss"]):
             raise self._diverged(f"the global training loss is {metrics['loss']} at epoch {epoch + 1}, step {step + 1}")
         return metrics
 
     def _check_state(self, epoch: int, step: int) -> None:
-        """Before a checkpoint or an elastic commit: stop every rank if any floating-point model
-        variable holds a NaN or infinity after the update of ``step`` (0-based) of ``epoch``.
+        """Before a checkpoint or an elastic commit, after ``step`` (0-based) of ``epoch``: stop
+        every rank if the model's floating-point variables hold more NaN or infinite values than
+        they started with.
 
         The loss checks cannot see the last update before a save (its loss was computed before
-        it). One allreduce of the count of non-finite values, so that every rank agrees even where
-        variables differ between ranks (per-rank BatchNorm's moving statistics).
+        it). One allreduce of the counts, so that every rank agrees even where variables differ
+        between ranks (per-rank BatchNorm's moving statistics).
+
+        Raises:
+            HvdtrainError: on every rank alike, when any rank finds more.
         """
-        local = float(self.count_non_finite())
-        bad = int(self.ctx.allreduce_sum([local], name="hvdtrain.state_check")[0])
+        new = max(0, int(self.count_non_finite()) - self._non_finite_at_start)
+        bad = int(self.ctx.allreduce_sum([float(new)], name="hvdtrain.state_check")[0])
         if bad:
-            raise self._diverged(f"{bad:,} value(s) of the model's variables are NaN or infinite after the update of "
+            raise self._diverged(f"{bad:,} value(s) of the model's variables are NaN or infinite at the check after "
                                  f"epoch {epoch + 1}, step {step + 1}")
 
     def evaluate(self) -> dict:
@@ -234,7 +261,8 @@ class Trainer:
             start_sums: global ``[loss, correct, count]`` sums of the epoch's steps before
                 ``start_step`` (from the checkpoint), so that the epoch's metrics stay exact.
             checkpoint_every: also checkpoint every this many steps within an epoch (0: only at the
-                end of epochs); each costs one small allreduce of the metric sums on every rank.
+                end of epochs); each costs two small allreduces on every rank (the metric sums,
+                the check for non-finite variables) and a pass over the variables.
             start_example: or begin at this position of the epoch's permutation (an elastic job
                 continuing at another world size; see :meth:`ShardPlan.epoch`).
             commit_every: elastic jobs: commit the state every this many steps (0: never).
@@ -280,10 +308,10 @@ class Trainer:
                     cb.on_step_end(epoch, step, running)
             train = self._checked(self._global_mean(self._sums.numpy(), "hvdtrain.train"), epoch, steps - 1)
             elapsed = time.perf_counter() - start
-            test = self.evaluate()
-            if not np.isfinite(test["loss"]):  # the epoch's last update diverged
-                raise self._diverged(f"the global test loss is {test['loss']} after epoch {epoch + 1}")
             self._check_state(epoch, steps - 1)
+            test = self.evaluate()
+            if not np.isfinite(test["loss"]):  # finite variables, but outputs that overflow
+                raise self._diverged(f"the global test loss is {test['loss']} after epoch {epoch + 1}")
             metrics = {
                 "train_loss": train["loss"], "train_accuracy": train["accuracy"],
                 "test_loss": test["loss"], "test_accuracy": test["accuracy"],

@@ -1,4 +1,7 @@
 """Models for tests, importable by ranks as ``--model tests.models:<function>``."""
+import os
+import time
+
 import tensorflow as tf
 
 from hvdtrain import SyncBatchNormalization
@@ -58,6 +61,19 @@ def subclassed_wrong_outputs(input_shape, num_classes):
 
 def subclassed(input_shape, num_classes):
     return _Subclassed(num_classes)
+
+
+class _ReturnsADict(tf.keras.Model):
+    def __init__(self, outputs):
+        super().__init__()
+        self.flatten, self.dense = tf.keras.layers.Flatten(), tf.keras.layers.Dense(outputs)
+
+    def call(self, x):
+        return {"logits": self.dense(self.flatten(x))}
+
+
+def returns_a_dict(input_shape, num_classes):
+    return _ReturnsADict(num_classes)
 
 
 def per_pixel_outputs(input_shape, num_classes):
@@ -123,6 +139,65 @@ class _NanUpdateAt(_CountsTrainingCalls):
 def nan_update_at_step_47(input_shape, num_classes):
     """The MLP, whose 47th training step (the last of epoch 1 in the tests) writes NaN weights."""
     return tf.keras.Sequential([mlp(input_shape, num_classes), _NanUpdateAt(47)], name="test_nan_update")
+
+
+class _NanInferenceAfter(_CountsTrainingCalls):
+    """Identity in training; at inference NaN once `calls` training calls have run: finite
+    weights and training loss, a NaN test loss."""
+
+    def call(self, x, training=None):
+        if training:
+            return super().call(x, training=training)
+        return x * tf.where(self.calls >= self.limit, float("nan"), 1.0)
+
+    def counted(self, x):
+        return x
+
+
+def nan_test_outputs_after_step_47(input_shape, num_classes):
+    """The MLP, whose test outputs turn NaN after 47 training steps (the end of epoch 1 in the tests)."""
+    return tf.keras.Sequential([mlp(input_shape, num_classes), _NanInferenceAfter(47)], name="test_nan_outputs")
+
+
+class _MinusInfinity(tf.keras.layers.Layer):
+    """Identity, holding a -inf mask value in a variable of its own, as attention masks do."""
+
+    def build(self, input_shape):
+        self.mask_value = self.add_weight(name="mask_value", shape=(), trainable=False,
+                                          initializer=tf.keras.initializers.Constant(float("-inf")))
+
+    def call(self, x):
+        return x
+
+
+def mlp_with_an_infinite_variable(input_shape, num_classes):
+    """The MLP, with a variable that is -inf from the start (not a divergence)."""
+    return tf.keras.Sequential([mlp(input_shape, num_classes), _MinusInfinity()], name="test_minus_inf")
+
+
+class _WaitsForMarker(_CountsTrainingCalls):
+    """Identity; the `calls`-th training call waits until the file $HVDTRAIN_TEST_WAIT_MARKER
+    exists (up to 120 s), then 2 s more."""
+
+    def counted(self, x):
+        limit = self.limit
+
+        def wait(calls):
+            if int(calls) == limit:
+                marker, deadline = os.environ["HVDTRAIN_TEST_WAIT_MARKER"], time.time() + 120
+                while not os.path.exists(marker) and time.time() < deadline:
+                    time.sleep(0.1)
+                time.sleep(2.0)
+            return calls
+
+        waited = tf.py_function(wait, [self.calls], tf.int64)
+        with tf.control_dependencies([waited]):
+            return tf.identity(x)
+
+
+def mlp_waits_at_step_100(input_shape, num_classes):
+    """The MLP, whose 100th training step waits for a marker file (see :class:`_WaitsForMarker`)."""
+    return tf.keras.Sequential([mlp(input_shape, num_classes), _WaitsForMarker(100)], name="test_waits")
 
 
 def nan_update_at_step_57(input_shape, num_classes):

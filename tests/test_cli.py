@@ -225,15 +225,17 @@ def test_diverging_loss_stops_every_rank_and_keeps_the_last_checkpoint(tmp_path)
 
 
 @pytest.mark.parametrize("model, where, epochs, kept", [
-    ("nan_update_at_step_57", "value(s) of the model's variables are NaN or infinite after the update of epoch 2, "
+    ("nan_update_at_step_57", "value(s) of the model's variables are NaN or infinite at the check after epoch 2, "
                               "step 10", [1], ["ckpt-000030", "ckpt-000040", "ckpt-000047"]),
-    ("nan_update_at_step_47", "the global test loss is nan after epoch 1", [],
+    ("nan_update_at_step_47", "value(s) of the model's variables are NaN or infinite at the check after epoch 1, "
+                              "step 47", [], ["ckpt-000020", "ckpt-000030", "ckpt-000040"]),
+    ("nan_test_outputs_after_step_47", "the global test loss is nan after epoch 1", [],
      ["ckpt-000020", "ckpt-000030", "ckpt-000040"]),
-], ids=["before a mid-epoch checkpoint", "before the end of an epoch"])
+], ids=["NaN weights before a mid-epoch checkpoint", "NaN weights at the end of an epoch", "a NaN test loss"])
 def test_a_diverging_update_is_never_checkpointed(tmp_path, model, where, epochs, kept):
     """The last update before a checkpoint (every 10 steps, and at the end of each 47-step epoch)
-    writes NaN weights from a finite loss: every rank stops before saving it, and the checkpoints
-    and metrics before it stay."""
+    writes NaN weights from a finite loss, or finite weights give a NaN test loss: every rank stops
+    before saving that state, and the checkpoints and metrics before it stay."""
     result = hvdtrain(2, [*FAST, "--model", f"tests.models:{model}", "--log-dir", str(tmp_path), "--epochs", "3",
                           "--checkpoint-every", "10"], check=False)
     output = result.stdout + result.stderr
@@ -242,6 +244,14 @@ def test_a_diverging_update_is_never_checkpointed(tmp_path, model, where, epochs
     logged = metrics(tmp_path) if (tmp_path / "metrics.jsonl").exists() else []
     assert [m["epoch"] for m in logged] == epochs
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == kept
+
+
+def test_a_variable_that_starts_infinite_is_not_a_divergence(tmp_path):
+    """A -inf mask value held in a variable from the start: checkpoints are written as usual."""
+    hvdtrain(1, [*FAST, "--model", "tests.models:mlp_with_an_infinite_variable", "--epochs", "1",
+                 "--checkpoint-every", "20", "--log-dir", str(tmp_path)], launcher="single")
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["ckpt-000060", "ckpt-000080",
+                                                                            "ckpt-000094"]
 
 
 def test_resume_mid_epoch_is_exact(tmp_path):

@@ -195,18 +195,27 @@ def test_launch_script_runs_an_elastic_job_on_this_host(tmp_path):
 
 def test_a_worker_added_during_the_last_epoch_does_not_restart_training(tmp_path):
     """A worker added during the only epoch (no commit before its end) is announced at the last
-    commit: the job ends there, instead of resetting to run an evaluation with the new worker."""
-    run_dir = tmp_path / "run"
-    job, hosts = _elastic_job(tmp_path, ["localhost"], 1, 2, ["--epochs", "1", "--commit-every", "100000", "--model",
-                                                              "tests.models:mlp", "--batch-size", "8"])
+    commit: the job ends there, instead of resetting to run an evaluation with the new worker.
+
+    The model's 100th step (of 188) waits until the discovery script has listed the new host, and
+    2 s more for the driver to tell the worker: the announcement always comes before the end."""
+    run_dir, discovered = tmp_path / "run", tmp_path / "discovered"
+    job, hosts = _elastic_job(tmp_path, ["localhost"], 1, 2,
+                              ["--epochs", "1", "--commit-every", "100000", "--model", "tests.models:mlp_waits_at_step_100"],
+                              env={"HVDTRAIN_TEST_WAIT_MARKER": str(discovered)})
     try:
+        # The run directory is opened after the first state sync, where an earlier host would join.
         _wait_for("training to start", lambda: (run_dir / "tensorboard").exists(), job)
-        time.sleep(0.5)  # into the epoch: 750 steps, 8 s here
         with open(hosts, "a") as f:
             f.write("127.0.0.1:1\n")
+        script = tmp_path / "discover_hosts.sh"  # from now on it also says that it has listed the host
+        (tmp_path / "discover.new").write_text(f"#!/bin/sh\ncat {hosts}\ntouch {discovered}\n")
+        (tmp_path / "discover.new").chmod(0o755)
+        os.replace(tmp_path / "discover.new", script)
     finally:
         out = _finish(job)
     assert job.returncode == 0, out[-5000:]
+    assert discovered.exists(), "the new host was never discovered"
     assert [e["world_size"] for e in _epochs(run_dir / "metrics.jsonl")] == [1]
     assert not (run_dir / "evaluation.json").exists() and "evaluation only" not in out, out[-3000:]
 

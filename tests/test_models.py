@@ -134,6 +134,7 @@ def test_set_dropout_rank_reaches_nested_models_and_only_seeded_dropout():
     ("wrong_outputs", r"the model outputs shape \(2, 11\) for 2 images, expected \(2, 10\) logits"),
     ("subclassed_wrong_outputs", r"the model outputs shape \(2, 12\) for 2 images, expected \(2, 10\) logits"),
     ("per_pixel_outputs", r"the model outputs shape \(2, 26, 26, 10\) for 2 images, expected \(2, 10\) logits"),
+    ("returns_a_dict", r"the model returns dict, expected one \(batch, 10\) tensor of logits"),
     ("fails_when_called", r"the model fails on a batch of \(2, 28, 28, 1\) images: (ValueError|InvalidArgumentError)"),
 ])
 def test_a_model_function_with_the_wrong_outputs_is_refused(function, message):
