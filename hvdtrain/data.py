@@ -234,7 +234,8 @@ def validate(x_train, y_train, x_test, y_test, name: str, num_classes: int = 0) 
             raise HvdtrainError(f"{name}: {key} must have shape (n, H, W[, C]), got {x.shape}")
     # Floating-point images are trained on as float32: checked after the cast, where a float64
     # value beyond float32's range has become infinite.
-    x_train, x_test = (x if x.dtype == np.uint8 else x.astype(np.float32) for x in (x_train, x_test))
+    with np.errstate(over="ignore"):  # an overflow becomes inf, refused just below
+        x_train, x_test = (x if x.dtype == np.uint8 else x.astype(np.float32) for x in (x_train, x_test))
     for key, x in (("x_train", x_train), ("x_test", x_test)):
         if x.dtype == np.float32 and not np.all(np.isfinite(x)):
             raise HvdtrainError(f"{name}: {key} contains NaN or Inf (or values beyond float32's range, 3.4e38)")
