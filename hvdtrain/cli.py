@@ -93,7 +93,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--checkpoint-every", type=int, default=d.checkpoint.every_steps,
                    help="also checkpoint every this many steps within an epoch (0: at the end of epochs only); "
                         "--resume continues from the exact step")
-    g.add_argument("--log-every", type=int, default=d.log.log_every, help="steps between exact running metrics (TensorBoard's steps/), counted within each "
+    g.add_argument("--log-every", type=int, default=d.log.log_every,
+                   help="steps between exact running metrics (TensorBoard's steps/), counted within each "
                         "epoch: none in epochs shorter than this")
     g.add_argument("--no-progress", action="store_true", help="no progress bar (one line per epoch only; the bar shows only when stderr is a terminal)")
 
