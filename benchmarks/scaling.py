@@ -58,6 +58,26 @@ def _median_by(items, key):
     return sorted(items, key=key)[(len(items) - 1) // 2]
 
 
+def summarize(runs, base_runs, ceilings, np_: int) -> dict:
+    """One np's figures over the repeats, each paired with the same repeat's np=1 run.
+
+    ``runs`` and ``base_runs`` hold each repeat's job result at np and at np=1 (``"total"``: img/s);
+    ``ceilings`` each repeat's summed img/s of np independent np=1 jobs (empty without them).
+    Returns the median run by total, the median and range of the per-repeat scaling efficiencies
+    total(np) / (np * total(1)), and, with ceilings, the same of ceiling / (np * total(1)) and the
+    median of efficiency / ceiling. Ratios are taken within a repeat, then the median over repeats
+    (not the ratio of medians), so that a slow spell of the machine hits both sides of each ratio.
+    """
+    efficiencies = [r["total"] / (np_ * base["total"]) for r, base in zip(runs, base_runs)]
+    result = {"run": _median_by(runs, lambda r: r["total"]), "efficiency": statistics.median(efficiencies),
+              "efficiency_range": (min(efficiencies), max(efficiencies))}
+    if ceilings:
+        per_repeat = [c / (np_ * base["total"]) for c, base in zip(ceilings, base_runs)]
+        result.update(ceiling=statistics.median(per_repeat), ceiling_range=(min(per_repeat), max(per_repeat)),
+                      of_ceiling=statistics.median(e / c for e, c in zip(efficiencies, per_repeat)))
+    return result
+
+
 def driver(a) -> None:
     max_np = a.max_np or (1 if a.gpu else len(os.sched_getaffinity(0)))
     nps = list(range(1, max_np + 1))
@@ -88,16 +108,7 @@ def driver(a) -> None:
                     print(f"{model} {np_} independent np=1 jobs at once (repeat {repeat + 1}/{a.repeats}): "
                           + ", ".join(f"{j['total']:.1f}" for j in concurrent) + " img/s", flush=True)
         for np_ in nps:
-            # Paired: each repeat's np run against the same repeat's np=1 run.
-            efficiencies = [r["total"] / (np_ * base["total"]) for r, base in zip(runs[np_], runs[1])]
-            results[(model, np_)] = {"run": _median_by(runs[np_], lambda r: r["total"]),
-                                     "efficiency": statistics.median(efficiencies),
-                                     "efficiency_range": (min(efficiencies), max(efficiencies))}
-            if ceilings[np_]:
-                per_repeat = [c / (np_ * base["total"]) for c, base in zip(ceilings[np_], runs[1])]
-                results[(model, np_)].update(
-                    ceiling=statistics.median(per_repeat), ceiling_range=(min(per_repeat), max(per_repeat)),
-                    of_ceiling=statistics.median(e / c for e, c in zip(efficiencies, per_repeat)))
+            results[(model, np_)] = summarize(runs[np_], runs[1], ceilings[np_], np_)
     rows = []
     for model in a.models:
         for np_ in nps:

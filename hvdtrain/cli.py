@@ -1,7 +1,7 @@
 """Command line: ``hvdtrain`` / ``python -m hvdtrain``, one process per rank under a launcher.
 
     horovodrun -np 2 --gloo python -m hvdtrain
-    mpirun -np 4 python -m hvdtrain --model resnet20 --epochs 30
+    mpirun -np 4 -bind-to none -map-by slot python -m hvdtrain --model resnet20 --epochs 30
 """
 from __future__ import annotations
 

@@ -172,8 +172,8 @@ class ElasticConfig:
         enabled: run under ``horovodrun --min-np/--max-np --host-discovery-script``; a lost
             worker costs the steps since the last commit instead of the job.
         commit_every: steps between in-memory commits of the training state on every rank (each
-            costs three small allreduces -- the metric sums, the check for non-finite variables,
-            the host-update check -- a pass over the variables and their copy to host memory).
+            costs two small allreduces -- the metric sums with the count of non-finite variables,
+            and the host-update check -- a pass over the variables and their copy to host memory).
     """
 
     enabled: bool = False

@@ -159,7 +159,12 @@ class Trainer:
     # ---- exact global metrics ---------------------------------------------------------------------
     def _global_mean(self, local_sums, name: str) -> dict:
         """Allreduce ``[loss_sum, correct, count]`` and divide: exact over all ranks' examples."""
-        loss_sum, correct, count = self.ctx.allreduce_sum(np.asarray(local_sums), name=name)
+        return self._mean(self.ctx.allreduce_sum(np.asarray(local_sums), name=name))
+
+    @staticmethod
+    def _mean(sums) -> dict:
+        """Loss and accuracy from global ``[loss_sum, correct, count]`` sums."""
+        loss_sum, correct, count = sums
         return {"loss": loss_sum / max(count, 1.0), "accuracy": correct / max(count, 1.0), "count": int(count)}
 
     @staticmethod
@@ -180,7 +185,7 @@ class Trainer:
         """Stop every rank at the same step when the global training loss is NaN or infinite.
 
         The metrics are allreduced, so every rank sees the same value at the same step and raises
-        together. Each step's loss is computed before its update: :meth:`_check_state` checks the
+        together. Each step's loss is computed before its update: :meth:`_check_saveable` checks the
         update before a save.
 
         Returns:
@@ -193,23 +198,34 @@ class Trainer:
             raise self._diverged(f"the global training loss is {metrics['loss']} at epoch {epoch + 1}, step {step + 1}")
         return metrics
 
-    def _check_state(self, epoch: int, step: int) -> None:
-        """Before a checkpoint or an elastic commit, after ``step`` (0-based) of ``epoch``: stop
-        every rank if the model's floating-point variables hold more NaN or infinite values than
-        they started with.
+    def _sums_and_state(self, name: str):
+        """Before a checkpoint or an elastic commit: one allreduce of the epoch's ``[loss, correct,
+        count]`` sums so far and of each rank's count of NaN and infinite values in the model's
+        floating-point variables beyond those it started with.
 
         The loss checks cannot see the last update before a save (its loss was computed before
-        it). One allreduce of the counts, so that every rank agrees even where variables differ
-        between ranks (per-rank BatchNorm's moving statistics).
+        it), so the variables are counted too, on every rank: they may differ between ranks
+        (per-rank BatchNorm's moving statistics), and the allreduce makes every rank agree.
 
-        Raises:
-            HvdtrainError: on every rank alike, when any rank finds more.
+        Returns:
+            ``(sums, non_finite)``: the global sums (float64 array of 3) and the global count (int).
         """
         new = max(0, int(self.count_non_finite()) - self._non_finite_at_start)
-        bad = int(self.ctx.allreduce_sum([float(new)], name="hvdtrain.state_check")[0])
-        if bad:
-            raise self._diverged(f"{bad:,} value(s) of the model's variables are NaN or infinite at the check after "
-                                 f"epoch {epoch + 1}, step {step + 1}")
+        total = self.ctx.allreduce_sum(np.append(self._sums.numpy(), float(new)), name=name)
+        return total[:3], int(total[3])
+
+    def _check_saveable(self, sums, non_finite: int, epoch: int, step: int) -> None:
+        """Stop every rank alike, before a save after ``step`` (0-based) of ``epoch``, if the global
+        training loss in ``sums`` or any variable (``non_finite``, from :meth:`_sums_and_state`)
+        is NaN or infinite.
+
+        Raises:
+            HvdtrainError: on every rank alike.
+        """
+        self._checked({"loss": sums[0] / max(sums[2], 1.0)}, epoch, step)
+        if non_finite:
+            raise self._diverged(f"{non_finite:,} value(s) of the model's variables are NaN or infinite at the "
+                                 f"check after epoch {epoch + 1}, step {step + 1}")
 
     def evaluate(self) -> dict:
         """Loss and accuracy over the whole test set, each example counted once (a collective)."""
@@ -261,8 +277,8 @@ class Trainer:
             start_sums: global ``[loss, correct, count]`` sums of the epoch's steps before
                 ``start_step`` (from the checkpoint), so that the epoch's metrics stay exact.
             checkpoint_every: also checkpoint every this many steps within an epoch (0: only at the
-                end of epochs); each costs two small allreduces on every rank (the metric sums,
-                the check for non-finite variables) and a pass over the variables.
+                end of epochs); each costs one small allreduce on every rank (the metric sums and
+                the count of non-finite variables) and a pass over the variables.
             start_example: or begin at this position of the epoch's permutation (an elastic job
                 continuing at another world size; see :meth:`ShardPlan.epoch`).
             commit_every: elastic jobs: commit the state every this many steps (0: never).
@@ -300,15 +316,15 @@ class Trainer:
                     running = self._checked(self._global_mean(self._sums.numpy(), "hvdtrain.running"), epoch, step)
                 if any(every and (step + 1) % every == 0 for every in (checkpoint_every, commit_every)) \
                         and step + 1 < steps:
-                    sums = self.ctx.allreduce_sum(self._sums.numpy(), name="hvdtrain.checkpoint_sums")
-                    self._checked({"loss": sums[0] / max(sums[2], 1.0)}, epoch, step)  # never save a diverged state,
-                    self._check_state(epoch, step)  # nor the result of a diverging update
+                    sums, non_finite = self._sums_and_state("hvdtrain.checkpoint_sums")
+                    self._check_saveable(sums, non_finite, epoch, step)  # never save a diverged state
                     self._checkpoint_hook("on_mid_epoch_checkpoint", epoch, step + 1, sums)
                 for cb in self.callbacks:
                     cb.on_step_end(epoch, step, running)
-            train = self._checked(self._global_mean(self._sums.numpy(), "hvdtrain.train"), epoch, steps - 1)
-            elapsed = time.perf_counter() - start
-            self._check_state(epoch, steps - 1)
+            sums, non_finite = self._sums_and_state("hvdtrain.train")
+            elapsed = time.perf_counter() - start  # up to the epoch's last update and its metrics' allreduce
+            self._check_saveable(sums, non_finite, epoch, steps - 1)  # before the evaluation, which NaN weights spoil
+            train = self._mean(sums)
             test = self.evaluate()
             if not np.isfinite(test["loss"]):  # finite variables, but outputs that overflow
                 raise self._diverged(f"the global test loss is {test['loss']} after epoch {epoch + 1}")

@@ -2,8 +2,9 @@
 # Single host: N ranks on this machine, one per GPU (or sharing the CPU cores).
 #
 # Edit: NP (ranks; on a GPU host at most its GPU count), ARGS (hvdtrain flags, see --help).
-# Run:  bash launch/local.sh [mpi|gloo|mpirun]     (default mpi: on one host OpenMPI's shared-memory
-#       transport allreduces several times faster than Gloo's TCP; see benchmarks/README.md)
+# Run:  bash launch/local.sh [mpi|gloo|mpirun] [hvdtrain flags...]
+#       (default mpi: on one host OpenMPI's shared-memory transport allreduces several times faster
+#       than Gloo's TCP; see benchmarks/README.md). Flags after the mode follow those in ARGS.
 #       Relative paths in ARGS (--data-dir, --log-dir) and --model modules resolve against the
 #       directory you run it from, as with python -m hvdtrain itself.
 set -euo pipefail
@@ -12,14 +13,16 @@ NP=${NP:-2}
 ARGS=${ARGS:-}
 export TF_CPP_MIN_LOG_LEVEL=${TF_CPP_MIN_LOG_LEVEL:-2}  # no TensorFlow start-up banner from every rank
 PY=$VENV/bin/python
-case "${1:-mpi}" in
+mode=${1:-mpi}
+shift $(( $# > 0 ? 1 : 0 ))
+case "$mode" in
   # Gloo: Horovod's own TCP rendezvous and collectives; no MPI needed.
-  gloo)   exec "$VENV/bin/horovodrun" -np "$NP" --gloo $PY -m hvdtrain $ARGS ;;
+  gloo)   exec "$VENV/bin/horovodrun" -np "$NP" --gloo "$PY" -m hvdtrain $ARGS "$@" ;;
   # horovodrun driving OpenMPI underneath.
-  mpi)    exec "$VENV/bin/horovodrun" -np "$NP" --mpi $PY -m hvdtrain $ARGS ;;
+  mpi)    exec "$VENV/bin/horovodrun" -np "$NP" --mpi "$PY" -m hvdtrain $ARGS "$@" ;;
   # Plain mpirun: each rank learns rank/size from OpenMPI. -bind-to none lets hvdtrain give each
   # rank its own slice of cores; root needs --allow-run-as-root.
   mpirun) exec mpirun -np "$NP" -bind-to none -map-by slot --allow-run-as-root \
-            -x PATH ${LD_LIBRARY_PATH:+-x LD_LIBRARY_PATH} -x TF_CPP_MIN_LOG_LEVEL $PY -m hvdtrain $ARGS ;;
-  *) echo "usage: $0 [mpi|gloo|mpirun]" >&2; exit 2 ;;
+            -x PATH ${LD_LIBRARY_PATH:+-x LD_LIBRARY_PATH} -x TF_CPP_MIN_LOG_LEVEL "$PY" -m hvdtrain $ARGS "$@" ;;
+  *) echo "usage: $0 [mpi|gloo|mpirun] [hvdtrain flags...]" >&2; exit 2 ;;
 esac

@@ -1,9 +1,12 @@
 """Fixtures shared by the test modules."""
+import json
+import os
 import subprocess
 
+import numpy as np
 import pytest
 
-from tests.ranks import command, rank_env
+from tests.ranks import command, rank_env, run_ranks
 
 
 @pytest.fixture(scope="session")
@@ -18,3 +21,29 @@ def trained_mlp_run(tmp_path_factory):
             "--batch-size", "64", "--no-progress", "--threads", "1", "--log-dir", str(run_dir)]
     subprocess.run(command(2, args), env=rank_env(), check=True, capture_output=True, timeout=300)
     return run_dir
+
+
+@pytest.fixture(scope="session")
+def fashion_slice_job(tmp_path_factory):
+    """hvdtrain flags for one epoch of the default model, single-threaded ranks so that every
+    launcher and placement computes alike, on the first 12,000 training and 2,000 test images of
+    Fashion-MNIST (real data, a fifth of the full epoch; the full default job runs in test_cli.py)."""
+    from hvdtrain.data import DEFAULT_DATA_DIR, load_idx_dir
+
+    if not os.path.isdir(DEFAULT_DATA_DIR):
+        pytest.skip("Debian's dataset-fashion-mnist is not installed")
+    full = load_idx_dir(DEFAULT_DATA_DIR)
+    path = tmp_path_factory.mktemp("data") / "fashion-slice.npz"
+    np.savez(path, x_train=full.x_train[:12000], y_train=full.y_train[:12000],
+             x_test=full.x_test[:2000], y_test=full.y_test[:2000])
+    return ["--epochs", "1", "--threads", "1", "--no-progress", "--seed", "0", "--dataset", "npz", "--data-dir", str(path)]
+
+
+@pytest.fixture(scope="session")
+def fashion_slice_gloo_metrics(tmp_path_factory, fashion_slice_job):
+    """The last ``metrics.jsonl`` line of ``fashion_slice_job`` at np=2 on this host, over Gloo:
+    what the same job under another launcher or across hosts must match."""
+    run_dir = tmp_path_factory.mktemp("fashion_slice_gloo")
+    run_ranks(2, ["-m", "hvdtrain", *fashion_slice_job, "--log-dir", str(run_dir)], timeout=600)
+    with open(run_dir / "metrics.jsonl") as f:
+        return [json.loads(line) for line in f][-1]

@@ -57,29 +57,44 @@ def close(derived: float, printed: float, rel: float = 5e-3, abs_: float = 2e-3)
 
 def test_scaling_efficiency_is_total_over_np_times_one_rank(tmp_path):
     # Over MPI, as benchmarks/README.md reports it (and mpirun starts faster than horovodrun; the
-    # Gloo launch of the benchmarks is run by test_vs_horovod_ratio_of_step_times).
+    # Gloo launch of the benchmarks is run by test_vs_horovod_ratio_of_step_times). One repeat: how
+    # repeats are combined is test_scaling_figures_are_medians_of_per_repeat_ratios's.
     out = script("scaling.py", "--models", "cnn", "--max-np", "2", "--warmup-batches", "1", "--iters", "2",
-                 "--batches-per-iter", "1", "--repeats", "2", "--transport", "mpi", *TINY,
+                 "--batches-per-iter", "1", "--repeats", "1", "--transport", "mpi", *TINY,
                  "--plot", str(tmp_path / "p.png"), tmp_path=tmp_path)
     (table,) = tables(out)
     rows = {int(r["np"]): r for r in table}
     assert sorted(rows) == [1, 2]
     assert close(2 * number(rows[2]["img/s per rank"]), number(rows[2]["img/s total"]))
     assert number(rows[1]["scaling efficiency (range)"]) == 1.0
-    # Each repeat's ratios, from the lines printed after each job; the table shows their medians
-    # (of two repeats: the mean).
-    totals = {int(np_): [float(t) for t in found]
-              for np_ in "12" for found in [re.findall(rf"cnn np={np_} \(repeat \d/2\): .* total ([\d.]+)", out)]}
-    concurrent = [float(a) + float(b) for a, b in
-                  re.findall(r"cnn 2 independent np=1 jobs at once \(repeat \d/2\): ([\d.]+), ([\d.]+) img/s", out)]
-    assert len(totals[1]) == len(totals[2]) == len(concurrent) == 2
-    efficiency = [two / (2 * one) for one, two in zip(totals[1], totals[2])]
-    ceiling = [both / (2 * one) for one, both in zip(totals[1], concurrent)]
-    assert close(sum(efficiency) / 2, number(rows[2]["scaling efficiency (range)"]))
-    assert close(sum(ceiling) / 2, number(rows[2]["ceiling, no communication (range)"]))
-    assert close(sum(e / c for e, c in zip(efficiency, ceiling)) / 2, number(rows[2]["efficiency / ceiling (median)"]))
+    # The table's ratios, from the totals printed after each job.
+    (one,) = [float(t) for t in re.findall(r"cnn np=1 \(repeat 1/1\): .* total ([\d.]+)", out)]
+    (two,) = [float(t) for t in re.findall(r"cnn np=2 \(repeat 1/1\): .* total ([\d.]+)", out)]
+    (both,) = [float(a) + float(b) for a, b in
+               re.findall(r"cnn 2 independent np=1 jobs at once \(repeat 1/1\): ([\d.]+), ([\d.]+) img/s", out)]
+    assert close(two / (2 * one), number(rows[2]["scaling efficiency (range)"]))
+    assert close(both / (2 * one), number(rows[2]["ceiling, no communication (range)"]))
+    assert close(two / both, number(rows[2]["efficiency / ceiling (median)"]))
     assert rows[1]["ceiling, no communication (range)"] == rows[1]["efficiency / ceiling (median)"] == ""
     assert_png(tmp_path / "p.png")
+
+
+def test_scaling_figures_are_medians_of_per_repeat_ratios(monkeypatch):
+    """Three repeats where the median of the per-repeat ratios differs from the ratio of the
+    medians: the script must pair each np=2 run with its own repeat's np=1 run."""
+    monkeypatch.syspath_prepend(str(BENCH))
+    import scaling
+
+    base = [{"total": t} for t in (100.0, 50.0, 80.0)]  # np=1, repeats 1..3: median 80
+    runs = [{"total": t} for t in (150.0, 95.0, 170.0)]  # np=2: median 150; efficiencies 0.75, 0.95, 1.0625
+    ceilings = [180.0, 90.0, 170.0]  # 0.9, 0.9, 1.0625
+    got = scaling.summarize(runs, base, ceilings, 2)
+    assert got["run"] is runs[0]  # the run with the median total
+    assert got["efficiency"] == pytest.approx(0.95)  # the ratio of the medians would be 150 / 160 = 0.9375
+    assert got["efficiency_range"] == pytest.approx((0.75, 1.0625))
+    assert got["ceiling"] == pytest.approx(0.9) and got["ceiling_range"] == pytest.approx((0.9, 1.0625))
+    assert got["of_ceiling"] == pytest.approx(1.0)  # median of 0.75 / 0.9, 0.95 / 0.9 and 1.0625 / 1.0625
+    assert "ceiling" not in scaling.summarize(runs, base, [], 2)
 
 
 def test_side_by_side_jobs_are_timed_over_the_same_span(tmp_path, monkeypatch):

@@ -19,15 +19,19 @@ def model_and_optimizer(width=4):
 
 def test_round_trip_restores_model_and_optimizer(tmp_path):
     model, optimizer = model_and_optimizer()
-    optimizer.iterations.assign(17)
+    rng = np.random.default_rng(0)
+    for v in optimizer.variables:  # momentum slots and the step count, none left at their initial values
+        v.assign(rng.integers(1, 100) if v.dtype.is_integer else rng.standard_normal(v.shape).astype(v.dtype.name))
     manager = CheckpointManager(str(tmp_path), model, optimizer)
     manager.save(17, {"epoch": 3})
     saved = [v.numpy().copy() for v in model.variables]
+    saved_slots = [v.numpy().copy() for v in optimizer.variables]
 
     other, other_opt = model_and_optimizer()
     meta = CheckpointManager(str(tmp_path), other, other_opt).restore(manager.latest())
-    assert meta["epoch"] == 3 and int(other_opt.iterations.numpy()) == 17
-    for a, b in zip(saved, other.variables):
+    assert meta["epoch"] == 3
+    assert len(saved) == len(other.variables) == 4 and len(saved_slots) == len(other_opt.variables) == 5
+    for a, b in zip(saved + saved_slots, other.variables + other_opt.variables):
         np.testing.assert_array_equal(a, b.numpy())
 
 

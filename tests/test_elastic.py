@@ -193,6 +193,18 @@ def test_launch_script_runs_an_elastic_job_on_this_host(tmp_path):
     assert [e["world_size"] for e in epochs] == [2] and epochs[0]["train_examples"] == NUM_TRAIN
 
 
+def test_launch_script_refuses_more_workers_than_this_host_has_names(tmp_path):
+    """launch/elastic.sh on this host alone with more workers to start (NP) than its default
+    discovery can list: one error at once, not Horovod's driver waiting 10 minutes for the slots."""
+    env = rank_env({"VENV": str(BIN.parent), "NP": "500", "LOG_DIR": str(tmp_path / "run")})
+    proc = subprocess.run(["bash", str(REPO / "launch" / "elastic.sh")], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert re.search(r"this machine has \d+ names for NP=500 one-slot workers; list hosts in HOSTS_FILE",
+                     proc.stderr), proc.stderr
+    assert not (tmp_path / "run").exists()
+
+
 def test_a_worker_added_during_the_last_epoch_does_not_restart_training(tmp_path):
     """A worker added during the only epoch (no commit before its end) is announced at the last
     commit: the job ends there, instead of resetting to run an evaluation with the new worker.

@@ -1,6 +1,6 @@
 """The launch/ scripts. On this host: launch/local.sh, its default (horovodrun over MPI) and plain
 mpirun. Across two hosts: network namespaces with their own addresses, joined by a veth pair, sshd
-in each; the scripts start one rank per host with mpirun (hostfile) and with horovodrun (-H, Gloo),
+in each; the scripts start one rank per host with mpirun and with horovodrun (Gloo), each from a hostfile,
 and both must match the single-host run. Cutting the link must end every rank, not hang it.
 """
 import json
@@ -10,11 +10,9 @@ import subprocess
 import sys
 import time
 
-import numpy as np
 import pytest
 
-from hvdtrain.data import DEFAULT_DATA_DIR, load_idx_dir
-from tests.ranks import REPO, rank_env, run_ranks
+from tests.ranks import REPO, rank_env
 from tests.twohosts import IFACE, TwoHosts, namespaces_supported
 
 REASON = namespaces_supported()
@@ -30,12 +28,13 @@ def final_test_accuracy(run_dir):
 
 @pytest.mark.parametrize("mode", ["mpi", "mpirun"])
 def test_local_script_trains_on_this_host(tmp_path, mode):
-    """launch/local.sh [mode]: two ranks on this host train and log an epoch; without
-    LD_LIBRARY_PATH set, mpirun is not asked to pass it on (it would warn)."""
-    env = rank_env({"VENV": VENV, "NP": "2", "ARGS": f"--dataset synthetic --model tests.models:mlp --epochs 1 "
-                                                    f"--threads 1 --no-progress --log-dir {tmp_path / 'run'}"})
+    """launch/local.sh [mode] [flags]: two ranks on this host train and log an epoch, with the
+    flags in ARGS and those after the mode; without LD_LIBRARY_PATH set, mpirun is not asked to
+    pass it on (it would warn)."""
+    env = rank_env({"VENV": VENV, "NP": "2", "ARGS": "--dataset synthetic --model tests.models:mlp --epochs 1"})
     env.pop("LD_LIBRARY_PATH", None)
-    result = subprocess.run(["bash", str(REPO / "launch" / "local.sh"), mode], cwd=REPO, env=env,
+    result = subprocess.run(["bash", str(REPO / "launch" / "local.sh"), mode, "--threads", "1", "--no-progress",
+                             "--log-dir", str(tmp_path / "run")], cwd=REPO, env=env,
                             capture_output=True, text=True, timeout=240)
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-4000:]
@@ -50,27 +49,6 @@ def hosts(tmp_path_factory):
         yield two
 
 
-@pytest.fixture(scope="module")
-def job(tmp_path_factory):
-    """The job's arguments: one epoch of the default model, single-threaded ranks so that every
-    placement computes alike, on the first 12,000 training and 2,000 test images of Fashion-MNIST
-    (real data, a fifth of the full epoch; the full default job runs in tests/test_cli.py)."""
-    if not os.path.isdir(DEFAULT_DATA_DIR):
-        pytest.skip("Debian's dataset-fashion-mnist is not installed")
-    full = load_idx_dir(DEFAULT_DATA_DIR)
-    path = tmp_path_factory.mktemp("data") / "fashion-slice.npz"
-    np.savez(path, x_train=full.x_train[:12000], y_train=full.y_train[:12000],
-             x_test=full.x_test[:2000], y_test=full.y_test[:2000])
-    return f"--epochs 1 --threads 1 --no-progress --seed 0 --dataset npz --data-dir {path}"
-
-
-@pytest.fixture(scope="module")
-def single_host_accuracy(tmp_path_factory, job):
-    run_dir = tmp_path_factory.mktemp("single")
-    run_ranks(2, ["-m", "hvdtrain", *job.split(), "--log-dir", str(run_dir)], timeout=600)
-    return final_test_accuracy(run_dir)
-
-
 def launch(hosts, script, env, timeout=600):
     """Run a launch/ script inside host 0's namespace; return the completed process."""
     env = rank_env({"VENV": VENV, **env})
@@ -80,24 +58,33 @@ def launch(hosts, script, env, timeout=600):
     return result
 
 
+def write_hostfile(path, hosts) -> None:
+    """One slot per host, with the comments and blank lines a hand-kept hostfile has (a commented-out
+    host must not count)."""
+    first, second = hosts
+    path.write_text(f"# the cluster\n{first} slots=1\n\n# retired-node slots=4\n{second} slots=1  # the other\n")
+
+
 @two_hosts
-def test_mpirun_hostfile_across_two_hosts(hosts, tmp_path, job, single_host_accuracy):
+def test_mpirun_hostfile_across_two_hosts(hosts, tmp_path, fashion_slice_job, fashion_slice_gloo_metrics):
     hostfile = tmp_path / "hostfile"
-    hostfile.write_text("".join(f"{h} slots=1\n" for h in hosts.hosts))
+    write_hostfile(hostfile, hosts.hosts)
     result = launch(hosts, "mpirun_hostfile.sh", {
         "HOSTFILE": str(hostfile), "IFACE": IFACE, "SSH_ARGS": " ".join(hosts.ssh_options()),
-        "ARGS": f"{job} --log-dir {tmp_path / 'run'}"})
+        "ARGS": " ".join([*fashion_slice_job, "--log-dir", str(tmp_path / "run")])})
     assert "1 local rank(s) x 2 host(s)" in result.stdout
-    assert final_test_accuracy(tmp_path / "run") == pytest.approx(single_host_accuracy, abs=0.002)
+    assert final_test_accuracy(tmp_path / "run") == pytest.approx(fashion_slice_gloo_metrics["test_accuracy"], abs=0.002)
 
 
 @two_hosts
-def test_horovodrun_gloo_across_two_hosts(hosts, tmp_path, job, single_host_accuracy):
+def test_horovodrun_gloo_across_two_hosts(hosts, tmp_path, fashion_slice_job, fashion_slice_gloo_metrics):
+    hostfile = tmp_path / "hostfile"  # the script turns it into -H: horovodrun's own reader fails on comments
+    write_hostfile(hostfile, hosts.hosts)
     result = launch(hosts, "horovodrun_hosts.sh", {
-        "HOSTS": ",".join(f"{h}:1" for h in hosts.hosts), "IFACE": IFACE, "SSH_KEY": str(hosts.key),
-        "MODE": "gloo", "ARGS": f"{job} --log-dir {tmp_path / 'run'}"})
+        "HOSTFILE": str(hostfile), "IFACE": IFACE, "SSH_KEY": str(hosts.key),
+        "MODE": "gloo", "ARGS": " ".join([*fashion_slice_job, "--log-dir", str(tmp_path / "run")])})
     assert "1 local rank(s) x 2 host(s)" in result.stdout
-    assert final_test_accuracy(tmp_path / "run") == pytest.approx(single_host_accuracy, abs=0.002)
+    assert final_test_accuracy(tmp_path / "run") == pytest.approx(fashion_slice_gloo_metrics["test_accuracy"], abs=0.002)
 
 
 def rank_pids(hosts):

@@ -64,7 +64,9 @@ def rank_results(request, tmp_path_factory):
     out = tmp_path_factory.mktemp(f"sync_bn_np{world_size}")
     run_ranks(world_size, ["-m", "tests.workers.sync_bn_cases", str(out)], timeout=240,
               env={"HVDTRAIN_SYNC_BN_KERNELS": "1" if use_kernels else "0"})
-    return world_size, [dict(np.load(out / f"rank{r}.npz")) for r in range(world_size)]
+    results = [dict(np.load(out / f"rank{r}.npz")) for r in range(world_size)]
+    assert [bool(r["kernels"]) for r in results] == [use_kernels] * world_size, "ranks computed on the other path"
+    return world_size, results
 
 
 @pytest.mark.parametrize("name", list(cases(2)))

@@ -6,22 +6,13 @@ initial weights, same global batches), to ||w_ranks - w_oracle|| <= 1e-5 ||w_ora
 import numpy as np
 import pytest
 
+from tests.oracle import assert_same_weights
 from tests.ranks import run_ranks
-
-REL_TOL = 1e-5
 
 
 def weights(path_prefix, rank=0):
     data = np.load(f"{path_prefix}.rank{rank}.npz")
     return {k: data[k] for k in data.files}
-
-
-def assert_same_weights(ours: dict, oracle: dict, prefix="final/", tol=REL_TOL):
-    keys = sorted(k for k in oracle if k.startswith(prefix))
-    assert keys, "no weights saved"
-    for k in keys:
-        delta = np.linalg.norm(ours[k] - oracle[k])
-        assert delta <= tol * max(np.linalg.norm(oracle[k]), 1e-12), f"{k}: |dw| = {delta:.3g}, |w| = {np.linalg.norm(oracle[k]):.3g}"
 
 
 def train_steps(tmp_path, tag, np_, model, sizes, steps, *extra, launcher="gloo"):
@@ -31,10 +22,25 @@ def train_steps(tmp_path, tag, np_, model, sizes, steps, *extra, launcher="gloo"
     return str(out)[:-4]
 
 
-def test_broadcast_and_oracle_without_batch_norm(tmp_path):
+@pytest.fixture(scope="module")
+def shared_run(tmp_path_factory):
+    """``train_steps`` for jobs that several tests compare against: each launched once."""
+    done = {}
+
+    def run(np_, model, sizes, steps, launcher="gloo"):
+        key = (np_, model, sizes, steps, launcher)
+        if key not in done:
+            done[key] = train_steps(tmp_path_factory.mktemp("shared"), "run", np_, model, sizes, steps,
+                                    launcher=launcher)
+        return done[key]
+
+    return run
+
+
+def test_broadcast_and_oracle_without_batch_norm(tmp_path, shared_run):
     """2 ranks x 16 == 1 process x 32 for 10 SGD steps, for a model without batch norm; ranks
     started from different seeds hold rank 0's variables after start-up."""
-    ranks = train_steps(tmp_path, "ranks", 2, "tests.models:mlp", "16,16", 10)
+    ranks = shared_run(2, "tests.models:mlp", "16,16", 10)
     oracle = train_steps(tmp_path, "oracle", 1, "tests.models:mlp", "32", 10, launcher="single")
     r0, r1 = weights(ranks, 0), weights(ranks, 1)
     # Broadcast: the ranks initialised differently (seed + rank), then hold identical variables.
@@ -46,14 +52,15 @@ def test_broadcast_and_oracle_without_batch_norm(tmp_path):
     assert_same_weights(r0, weights(oracle))
 
 
-@pytest.mark.parametrize("sizes", ["16,16", "3,13"], ids=["equal", "uneven"])
-def test_sync_bn_cnn_matches_global_batch(tmp_path, sizes):
-    """20 SGD steps of a CNN with SyncBatchNormalization: 2 ranks == 1 process on the global batch,
-    also with uneven local batches (the loss is scaled to the global batch)."""
-    ranks = train_steps(tmp_path, "ranks", 2, "tests.models:cnn_sync_bn", sizes, 20)
-    global_batch = str(sum(int(b) for b in sizes.split(",")))
-    oracle = train_steps(tmp_path, "oracle", 1, "tests.models:cnn_sync_bn", global_batch, 20, launcher="single")
-    assert_same_weights(weights(ranks), weights(oracle))
+@pytest.mark.parametrize("sizes", ["16,16", "5,27"], ids=["equal", "uneven"])
+def test_sync_bn_cnn_matches_global_batch(sizes, shared_run):
+    """20 SGD steps of a CNN with SyncBatchNormalization: 2 ranks == 1 process on the global batch
+    of 32, also with uneven local batches (the loss is scaled to the global batch). Every rank
+    ends with the oracle's weights and moving statistics."""
+    ranks = shared_run(2, "tests.models:cnn_sync_bn", sizes, 20)
+    oracle = weights(shared_run(1, "tests.models:cnn_sync_bn", "32", 20, launcher="single"))
+    for rank in (0, 1):
+        assert_same_weights(weights(ranks, rank), oracle)
 
 
 @pytest.mark.parametrize("np_, num_test", [(2, 1001), (3, 100)])
@@ -77,10 +84,10 @@ def test_global_metrics_equal_single_process(tmp_path, np_, num_test):
         assert float(r["loss"]) == pytest.approx(loss, rel=1e-6)
 
 
-def test_gradient_accumulation_equals_larger_batch(tmp_path):
+def test_gradient_accumulation_equals_larger_batch(tmp_path, shared_run):
     """--backward-passes-per-step 2 on local batches of 8 == one pass on local batches of 16."""
     accumulated = train_steps(tmp_path, "acc", 2, "tests.models:mlp", "8,8", 20, "--backward-passes-per-step", "2")
-    plain = train_steps(tmp_path, "plain", 2, "tests.models:mlp", "16,16", 10)
+    plain = shared_run(2, "tests.models:mlp", "16,16", 10)
     assert_same_weights(weights(accumulated), weights(plain))
 
 
@@ -89,7 +96,9 @@ def test_fp16_allreduce_equals_fp32_to_half_precision(tmp_path):
     float32 one by float16 rounding only (relative 2^-11 per element, so 1e-3 in norm)."""
     fp16 = weights(train_steps(tmp_path, "fp16", 2, "tests.models:mlp", "16,16", 1, "--fp16-allreduce"))
     fp32 = weights(train_steps(tmp_path, "fp32", 2, "tests.models:mlp", "16,16", 1))
-    for k in (k for k in fp32 if k.startswith("final/")):
+    keys = [k for k in fp32 if k.startswith("final/")]
+    assert keys
+    for k in keys:
         initial = fp32["initial/" + k[len("final/"):]]
         update16, update32 = fp16[k] - initial, fp32[k] - initial
         assert np.linalg.norm(update16 - update32) <= 1e-3 * np.linalg.norm(update32), k

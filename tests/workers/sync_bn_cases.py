@@ -2,7 +2,8 @@
 
 Usage: python -m tests.workers.sync_bn_cases OUT_DIR
 Writes OUT_DIR/rank<r>.npz with ``<case>/<key>`` arrays: y, dx, dgamma, dbeta, moving_mean,
-moving_variance (ours) and ``<case>/hvd_y`` (Horovod's layer, uneven case only).
+moving_variance (ours), ``<case>/hvd_y`` (Horovod's layer, uneven case only) and ``kernels``
+(whether this rank ran hvdtrain's CPU kernels or TensorFlow's ops).
 """
 import sys
 
@@ -50,7 +51,7 @@ def main(out_dir: str) -> None:
     ctx = init_distributed(threads=1)
     import tensorflow as tf
     import horovod.tensorflow as hvd
-    from hvdtrain import SyncBatchNormalization
+    from hvdtrain import SyncBatchNormalization, sync_bn_kernels
 
     results = {}
     for name, case in cases(ctx.size).items():
@@ -82,6 +83,7 @@ def main(out_dir: str) -> None:
             theirs.gamma.assign(gamma)
             theirs.beta.assign(beta)
             results[f"{name}/hvd_y"] = theirs(x_local, training=True).numpy()
+    results["kernels"] = np.array(sync_bn_kernels.available())  # which path this rank computed with
     np.savez(f"{out_dir}/rank{ctx.rank}.npz", **results)
     ctx.close()
 
