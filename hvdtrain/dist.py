@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 from typing import Callable, Optional, Sequence, TypeVar
 
 import numpy as np
@@ -251,6 +252,22 @@ def _cpu_share(local_rank: int, local_size: int) -> tuple:
     return tuple(available[local_rank * per_rank:(local_rank + 1) * per_rank])
 
 
+def _launcher_binding_warning(cores) -> Optional[str]:
+    """A warning when OpenMPI's ``mpirun`` bound this process to cores at launch (its default: each
+    rank to one core for up to 2 ranks, to a socket above), which hvdtrain cannot undo: it splits
+    only the cores a process may run on, so a rank keeps one core on a many-core host, or shares a
+    socket's share with another rank. None when the launcher did not bind it.
+
+    Args:
+        cores: the cores this rank keeps (:func:`_cpu_share`).
+    """
+    if os.environ.get("OMPI_MCA_orte_bound_at_launch") != "1":  # set by OpenMPI 2-4 on a rank it bound
+        return None
+    return (f"hvdtrain: warning: mpirun bound this rank to {len(os.sched_getaffinity(0))} core(s), and it keeps "
+            f"{len(cores)}; hvdtrain gives each rank its own share of the host's cores itself: start mpirun "
+            f"with -bind-to none -map-by slot (horovodrun does)")
+
+
 def _thread_ids() -> set:
     return {int(t) for t in os.listdir("/proc/self/task")} if os.path.isdir("/proc/self/task") else set()
 
@@ -393,6 +410,9 @@ def init_distributed(threads: int = 0, use_gpu: bool = True, stall_timeout: floa
     # confined to its share, Horovod's background loop included, so no rank computes or polls on
     # another rank's cores.
     cores = _cpu_share(local_rank, local_size)
+    binding = _launcher_binding_warning(cores)
+    if binding and rank == 0:  # once per job: launchers bind every rank alike
+        print(binding, file=sys.stderr, flush=True)
     if cores and len(cores) < len(os.sched_getaffinity(0)):
         # A user's HOROVOD_THREAD_AFFINITY makes Horovod place its background thread: leave it
         # there. MPI's helpers, started before Horovod places it, keep the process's cores and

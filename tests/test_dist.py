@@ -4,10 +4,12 @@ MPI) and keep their priority under Gloo."""
 import functools
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 
-from tests.ranks import run_ranks
+from tests.ranks import MPIRUN, REPO, rank_env, run_ranks
 
 
 @functools.lru_cache(maxsize=None)
@@ -58,3 +60,20 @@ def test_a_users_horovod_thread_affinity_is_left_alone():
         assert users_core[r["rank"]] not in r["cores"], r
         assert r["thread_cores"] == sorted(set(r["cores"]) | {users_core[r["rank"]]}), r
         assert r["threads_elsewhere"] == 1, r  # Horovod's background thread alone; MPI's helpers are pinned
+
+
+def test_a_rank_mpirun_bound_at_launch_says_how_to_start_it():
+    """mpirun's default binding (each of 2 ranks to one core) is kept, and rank 0 says once, on
+    stderr, to start mpirun with -bind-to none (with it, tests/test_cli.py's mpirun run says nothing)."""
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs 2 cores for mpirun to bind each of 2 ranks to one without oversubscribing")
+    binding = MPIRUN.index("--bind-to")
+    mpirun = [a for a in MPIRUN[:binding] + MPIRUN[binding + 2:] if a != "--oversubscribe"]  # OpenMPI's defaults
+    proc = subprocess.run([*mpirun, "-np", "2", sys.executable, "-m", "tests.workers.thread_placement"], cwd=REPO,
+                          env=rank_env(), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    said = "hvdtrain: warning: mpirun bound this rank to 1 core(s), and it keeps 1; hvdtrain gives each rank its " \
+           "own share of the host's cores itself: start mpirun with -bind-to none -map-by slot (horovodrun does)"
+    assert proc.stderr.count(said) == 1, proc.stderr[-3000:]
+    ranks = [json.loads(line.split("placement ", 1)[1]) for line in proc.stdout.splitlines() if "placement " in line]
+    assert sorted(len(r["cores"]) for r in ranks) == [1, 1], ranks
