@@ -91,15 +91,16 @@ def test_gradient_accumulation_equals_larger_batch(tmp_path, shared_run):
     assert_same_weights(weights(accumulated), weights(plain))
 
 
-def test_fp16_allreduce_equals_fp32_to_half_precision(tmp_path):
+def test_fp16_allreduce_equals_fp32_to_half_precision(tmp_path, shared_run):
     """One step with gradients compressed to float16 for the allreduce: the update differs from the
     float32 one by float16 rounding only (relative 2^-11 per element, so 1e-3 in norm)."""
-    fp16 = weights(train_steps(tmp_path, "fp16", 2, "tests.models:mlp", "16,16", 1, "--fp16-allreduce"))
-    fp32 = weights(train_steps(tmp_path, "fp32", 2, "tests.models:mlp", "16,16", 1))
-    keys = [k for k in fp32 if k.startswith("final/")]
+    # The first of 10 steps: the fp32 job is the one the oracle tests share (same data: 10 global batches).
+    fp16 = weights(train_steps(tmp_path, "fp16", 2, "tests.models:mlp", "16,16", 10, "--fp16-allreduce"))
+    fp32 = weights(shared_run(2, "tests.models:mlp", "16,16", 10))
+    keys = [k for k in fp32 if k.startswith("step1/")]
     assert keys
     for k in keys:
-        initial = fp32["initial/" + k[len("final/"):]]
+        initial = fp32["initial/" + k[len("step1/"):]]
         update16, update32 = fp16[k] - initial, fp32[k] - initial
         assert np.linalg.norm(update16 - update32) <= 1e-3 * np.linalg.norm(update32), k
         assert not np.array_equal(update16, update32) or not update32.any(), "compression had no effect"

@@ -52,12 +52,16 @@ def main():
     trainer = Trainer(ctx, model, optimizer, dataset, ShardPlan(len(dataset.y_train), sizes[ctx.rank], ctx.size, ctx.rank))
     order = np.random.default_rng(a.seed).permutation(len(dataset.y_train)).astype(np.int32)
     offset = sum(sizes[:ctx.rank])
+    after_first = []
     for step in range(a.steps):
         block = order[step * global_batch:(step + 1) * global_batch]
         trainer.train_step(block[offset:offset + sizes[ctx.rank]], np.float32(global_batch))
+        if step == 0:
+            after_first = [v.numpy() for v in model.variables]
 
     arrays = {f"before_broadcast/{i}": w for i, w in enumerate(before)}
     arrays.update({f"initial/{i}": w for i, w in enumerate(initial)})
+    arrays.update({f"step1/{i}": w for i, w in enumerate(after_first)})
     arrays.update({f"final/{i}": v.numpy() for i, v in enumerate(model.variables)})
     arrays["iterations"] = np.array(int(optimizer.iterations.numpy()))
     np.savez(a.out.replace(".npz", f".rank{ctx.rank}.npz"), **arrays)
