@@ -14,7 +14,7 @@ from typing import List, Optional
 
 from hvdtrain.config import (DATASETS, LR_SCHEDULES, CheckpointConfig, Config, DataConfig, ElasticConfig, LogConfig,
                              ModelConfig, OptimConfig, RuntimeConfig)
-from hvdtrain.dist import PeerFailure, PeerLost, is_peer_loss, launcher_rank
+from hvdtrain.dist import PeerFailure, PeerLost, current_rank, is_peer_loss, launcher_rank
 from hvdtrain.errors import HvdtrainError
 from hvdtrain.stop import (Terminated, defer_stop_signals, install_stop_handlers, restore_default_sigterm,
                            sigterm_received, stop_requested)
@@ -183,7 +183,7 @@ def _exit_status(e: BaseException) -> Optional[int]:
         alone = getattr(e, "skip_horovod_shutdown", False)  # raised on this rank only (hvdtrain.train.run)
         report = getattr(e, "report", None)  # set for errors raised on every rank (hvdtrain.train.run)
         if report is None:
-            report = launcher_rank() == 0 or getattr(e, "rank_found", False) or alone
+            report = current_rank() == 0 or getattr(e, "rank_found", False) or alone
         if not report:
             return _quiet_exit()
         print(f"hvdtrain: error: {e}", file=sys.stderr, flush=True)
@@ -205,7 +205,7 @@ def _exit_status(e: BaseException) -> Optional[int]:
         os._exit(EXIT_ERROR)
     if not is_peer_loss(e):
         return None
-    if launcher_rank() != 0:  # lost before the watchdog could be asked (start-up)
+    if current_rank() != 0:  # lost before the watchdog could be asked (start-up)
         return _quiet_exit()
     print("hvdtrain: error: another rank failed or was lost, so Horovod shut down. The launcher names the "
           "rank that failed first.", file=sys.stderr, flush=True)
@@ -213,9 +213,10 @@ def _exit_status(e: BaseException) -> Optional[int]:
 
 
 def _exit_interrupted(run_dir: Optional[str], terminated: bool) -> None:
-    """Ctrl-C or SIGTERM: rank 0 says where the run can be resumed from; every rank exits at once,
-    without Horovod's shutdown at exit, which would wait for the peers."""
-    if launcher_rank() == 0:
+    """Ctrl-C or SIGTERM: rank 0 (of now: an elastic job's may not be the launcher's) says where the
+    run can be resumed from; every rank exits at once, without Horovod's shutdown at exit, which
+    would wait for the peers."""
+    if current_rank() == 0:
         how = "stopped by SIGTERM (a launcher's Ctrl-C, or the scheduler)" if terminated else "interrupted"
         resume = (f"rerun the same command with --resume --log-dir {run_dir} to continue from the last one"
                   if run_dir else "nothing was written yet")

@@ -36,6 +36,15 @@ def launcher_rank() -> int:
     return 0
 
 
+def current_rank() -> int:
+    """This process's rank now: Horovod's while it runs (an elastic reset renumbers the workers, and
+    the worker the launcher started as rank 0 may be gone), else :func:`launcher_rank`."""
+    hvd = sys.modules.get("horovod.tensorflow")
+    if hvd is not None and hvd.is_initialized():
+        return hvd.rank()
+    return launcher_rank()
+
+
 class PeerFailure(Exception):
     """Raised on the ranks that did *not* find an error another rank reported during :meth:`DistContext.agree`.
 
@@ -67,7 +76,11 @@ _PEER_LOSS_SIGNS = (
 
 
 def is_peer_loss(error: BaseException) -> bool:
-    """True for the errors a rank sees when another rank dies mid-collective."""
+    """True for the errors a rank sees when another rank dies mid-collective; never for an
+    :class:`HvdtrainError`, this rank's own (whose message may quote an OS error such as a network
+    file system's "Connection reset by peer")."""
+    if isinstance(error, HvdtrainError):
+        return False
     text = f"{type(error).__name__}: {error}"
     return any(sign in text for sign in _PEER_LOSS_SIGNS)
 
@@ -326,7 +339,7 @@ def _yield_to_compute(thread_ids) -> None:
 
 
 def init_distributed(threads: int = 0, use_gpu: bool = True, stall_timeout: float = 0.0,
-                     elastic: bool = False) -> DistContext:
+                     elastic: bool = False, watchdog=None) -> DistContext:
     """Start Horovod and pin this process to its own GPU (or its own CPU cores).
 
     Must run before any TensorFlow op: device visibility and thread pools are fixed once
@@ -338,6 +351,10 @@ def init_distributed(threads: int = 0, use_gpu: bool = True, stall_timeout: floa
         stall_timeout: seconds after which Horovod's stall inspector should report missing ranks
             is half this (see :mod:`hvdtrain.watchdog`); 0 leaves Horovod's default.
         elastic: the process was started by Horovod's elastic driver (see :mod:`hvdtrain.elastic`).
+        watchdog: a :class:`hvdtrain.watchdog.Watchdog` to arm as soon as ``hvd.init()`` returns,
+            with this process's rank, so that a rank wedged while pinning (a faulted GPU's query,
+            say) ends the job instead of leaving the others in the pinning collective. Not
+            before: ``hvd.init()`` waits for every rank to start, which may take long on a cluster.
 
     Returns:
         The :class:`DistContext` for this process.
@@ -371,6 +388,9 @@ def init_distributed(threads: int = 0, use_gpu: bool = True, stall_timeout: floa
     threads_before = _thread_ids()
     hvd.init()
     horovod_threads = _thread_ids() - threads_before
+    if watchdog is not None:
+        watchdog.rank = hvd.rank()
+        watchdog.arm("pinning devices")
     # On a CPU rank under MPI (or alone), Horovod's threads yield the cores to the compute.
     on_gpu = bool(use_gpu and tf.config.list_physical_devices("GPU"))
     if not on_gpu and (hvd.size() == 1 or hvd.mpi_enabled()):

@@ -247,9 +247,10 @@ def train_elastic(config: Config, ctx: DistContext, dataset, fingerprint: dict, 
             return train_once(state)
 
     def reset():
-        # Waits for the driver to form the new set of workers (up to its --elastic-timeout), then
-        # for joining workers to start up: not a stall. The watchdog resumes at the next beat.
-        watchdog.pause("an elastic reset")
+        # Waits for the driver to form the new set of workers (up to its elastic timeout, 600 s
+        # unless HOROVOD_ELASTIC_TIMEOUT says otherwise), then for joining workers to start up: not
+        # a stall, up to that long. The watchdog resumes at the next beat.
+        watchdog.pause("an elastic reset", float(os.environ.get("HOROVOD_ELASTIC_TIMEOUT", 600)))
         hvd.shutdown()
         hvd.init()
 

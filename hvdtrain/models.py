@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import sys
 from typing import Callable, Optional, Tuple
 
 import tensorflow as tf
@@ -200,7 +201,8 @@ def build_model(spec: str, input_shape: Tuple[int, int, int], num_classes: int, 
         input_shape: ``(H, W, C)``.
         num_classes: ``K``.
         sync_bn: for built-in models, synchronized (True) or per-rank batch normalization.
-        seed, rank: seed built-in models' dropout masks.
+        seed, rank: seed built-in models' dropout masks. With a model function, rank 0 warns (on
+            stderr) if the model has Keras random layers (``Dropout``...), which resumes cannot repeat.
 
     Returns:
         The built ``tf.keras.Model``.
@@ -246,4 +248,11 @@ def build_model(spec: str, input_shape: Tuple[int, int, int], num_classes: int, 
     if out_shape != (2, num_classes):
         raise HvdtrainError(f"--model {spec!r}: the model outputs shape {out_shape} for 2 images, expected "
                             f"(2, {num_classes}) logits")
+    random = sorted({type(m).__name__ for m in model.submodules
+                     if isinstance(m, tf.keras.__internal__.layers.BaseRandomLayer)})
+    if random and rank == 0:
+        print(f"hvdtrain: warning: --model {spec!r} has Keras random layers ({', '.join(random)}), whose random "
+              f"state is not among the model's variables: after --resume or an elastic reset their draws start "
+              f"over, so the run no longer equals an uninterrupted one (hvdtrain.models.SeededDropout keeps "
+              f"its state in the checkpoint)", file=sys.stderr, flush=True)
     return model

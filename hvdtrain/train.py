@@ -16,7 +16,8 @@ from hvdtrain import callbacks as cbs
 from hvdtrain.checkpoint import CheckpointManager, check_resumable, require_checkpoint_dir
 from hvdtrain.config import Config
 from hvdtrain.data import Dataset, data_mismatch, load_dataset
-from hvdtrain.dist import DistContext, PeerFailure, PeerLost, init_distributed, is_peer_loss
+from hvdtrain.dist import (DistContext, PeerFailure, PeerLost, current_rank, init_distributed, is_peer_loss,
+                           launcher_rank)
 from hvdtrain.elastic import train_elastic
 from hvdtrain.errors import HvdtrainError, describe_differences
 from hvdtrain.models import build_model
@@ -585,15 +586,21 @@ def run(config: Config) -> dict:
             :func:`hvdtrain.stop.install_stop_handlers` was called. Either carries ``run_dir``,
             the run directory to resume from, or None if no checkpoint directory exists yet.
     """
-    # 1. Init and pin: Horovod up, this process on its own GPU or its own CPU cores.
-    ctx = init_distributed(threads=config.runtime.threads, use_gpu=not config.runtime.cpu,
-                           stall_timeout=config.runtime.stall_timeout, elastic=config.elastic.enabled)
+    # 1. Init and pin: Horovod up, this process on its own GPU or its own CPU cores. From the
+    #    moment every rank is up (hvd.init), a rank left waiting for a stalled or unreachable
+    #    peer -- in a start-up collective or in training -- aborts after --stall-timeout instead
+    #    of hanging (the watchdog, armed by init_distributed).
+    watchdog = Watchdog(launcher_rank(), config.runtime.stall_timeout)
+    try:
+        ctx = init_distributed(threads=config.runtime.threads, use_gpu=not config.runtime.cpu,
+                               stall_timeout=config.runtime.stall_timeout, elastic=config.elastic.enabled,
+                               watchdog=watchdog)
+    except BaseException:
+        watchdog.close()
+        raise
     callbacks: List[cbs.Callback] = []
-    watchdog = Watchdog(ctx.rank, config.runtime.stall_timeout)
     run_dir = ckpt_dir = None
     try:
-        # From here on a rank left waiting for a stalled or unreachable peer -- in a start-up
-        # collective or in training -- aborts after --stall-timeout instead of hanging.
         watchdog.arm("start-up")
         # Heartbeats to and from rank 0, so that a stall names the rank that stalled. (Not in an
         # elastic job: its ranks change, and Horovod's driver reports the workers it loses.)
@@ -694,9 +701,7 @@ def run(config: Config) -> dict:
         if getattr(e, "on_every_rank", False):
             # Raised alike on every rank: the rank 0 of now prints it (an elastic job's rank 0
             # may be another process than the one the launcher started as rank 0).
-            import horovod.tensorflow as hvd
-
-            e.report = (hvd.rank() if hvd.is_initialized() else ctx.rank) == 0
+            e.report = current_rank() == 0
         if is_peer_loss(e) and not getattr(e, "rank_found", False):
             raise _peer_lost(ctx, watchdog) from e
         if not getattr(e, "rank_found", False) and not getattr(e, "on_every_rank", False):

@@ -20,7 +20,6 @@ at half the timeout, when its coordinator can still run.
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 import socket
 import sys
@@ -164,11 +163,13 @@ class Watchdog:
         self._where = where
         self._last = time.monotonic()
 
-    def pause(self, where: str) -> None:
-        """Stop the stall check until the next :meth:`beat`: for waits that are not stalls (an
-        elastic reset waits for the driver and for joining workers to start up)."""
+    def pause(self, where: str, max_s: float) -> None:
+        """Suspend the stall check for up to ``max_s`` seconds, or until the next :meth:`beat`: for
+        waits that are not stalls (an elastic reset waits for Horovod's driver and for joining
+        workers to start up). After ``max_s + timeout_s`` seconds without a beat the rank aborts:
+        a worker that never registers leaves Horovod's driver waiting without a timeout."""
         self._where = where
-        self._last = math.inf  # one assignment: the watchdog thread sees no idle time until the next beat
+        self._last = time.monotonic() + max_s  # one assignment: read whole by the watchdog thread
 
     def close(self) -> None:
         """Stop watching (call in ``finally``)."""

@@ -275,3 +275,10 @@ def seed_cnn_rank_checked_dropout(input_shape, num_classes):
         return cls.from_config(layer.get_config())
 
     return tf.keras.models.clone_model(seed_cnn(input_shape, num_classes, rank=_launcher_rank()), clone_function=clone)
+
+
+def mlp_with_keras_dropout(input_shape, num_classes):
+    """Keras' own Dropout, nested in a sub-model: random state outside the model's variables."""
+    inner = tf.keras.Sequential([tf.keras.layers.Dense(16, activation="relu"), tf.keras.layers.Dropout(0.2)])
+    return tf.keras.Sequential([tf.keras.Input(input_shape), tf.keras.layers.Flatten(), inner,
+                                tf.keras.layers.Dense(num_classes)])

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from tests.ranks import command, rank_env
+from tests.ranks import command, rank_env, run_ranks
 
 ARGS = ["-m", "hvdtrain", "--dataset", "synthetic", "--model", "tests.models:mlp", "--epochs", "100000",
         "--batch-size", "32", "--no-progress", "--threads", "1", "--log-every", "5"]
@@ -126,3 +126,14 @@ def test_killed_rank_under_mpirun_ends_the_job(tmp_path):
     assert rc != 0 and seconds < 30, f"rc {rc} after {seconds:.0f} s"
     assert re.search(r"process rank 1 .* exited on signal 9", out), out[-3000:]
     assert "hvdtrain: stopped by SIGTERM" not in out and "Traceback" not in out, out[-3000:]
+
+
+def test_a_rank_wedged_while_pinning_ends_the_job(tmp_path):
+    """Rank 1 never returns from its device query after hvd.init: the watchdogs, armed once every
+    rank has started Horovod, end the job after --stall-timeout instead of leaving rank 0 waiting
+    in the pinning collective for ever."""
+    result = run_ranks(2, ["-m", "tests.workers.wedged_while_pinning", "--dataset", "synthetic", "--model",
+                           "tests.models:mlp", "--stall-timeout", "5", "--log-dir", str(tmp_path / "run")],
+                       timeout=120, check=False)
+    assert result.returncode != 0
+    assert "made no progress for" in result.stderr and "after pinning devices" in result.stderr, result.stderr[-3000:]

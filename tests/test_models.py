@@ -153,3 +153,14 @@ def test_no_sync_bn_is_refused_with_a_model_function():
                                             r"--model 'mypkg.models:build' chooses its own layers"):
         ModelConfig(name="mypkg.models:build", sync_bn=False)
     assert not ModelConfig(name="resnet20", sync_bn=False).sync_bn
+
+
+@pytest.mark.parametrize("function, rank, warned", [
+    ("mlp_with_keras_dropout", 0, True), ("mlp_with_keras_dropout", 1, False), ("mlp", 0, False)])
+def test_keras_random_layers_in_a_model_function_are_named_once(function, rank, warned, capsys):
+    """Keras' Dropout keeps its random state outside the model's variables, so a resumed run would
+    draw other masks: rank 0 says so (also for a layer nested in a sub-model); the others stay quiet."""
+    build_model(f"tests.models:{function}", (8, 8, 1), 10, rank=rank)
+    err = capsys.readouterr().err
+    assert ("hvdtrain: warning: --model 'tests.models:mlp_with_keras_dropout' has Keras random layers (Dropout)"
+            in err) is warned, err
