@@ -247,10 +247,12 @@ def train_elastic(config: Config, ctx: DistContext, dataset, fingerprint: dict, 
             return train_once(state)
 
     def reset():
-        # Waits for the driver to form the new set of workers (up to its elastic timeout, 600 s
-        # unless HOROVOD_ELASTIC_TIMEOUT says otherwise), then for joining workers to start up: not
-        # a stall, up to that long. The watchdog resumes at the next beat.
-        watchdog.pause("an elastic reset", float(os.environ.get("HOROVOD_ELASTIC_TIMEOUT", 600)))
+        # Waits for the driver to form the new set of workers (up to its elastic timeout, read as
+        # the driver reads it), then for joining workers to start up: not a stall, up to that
+        # long. The watchdog resumes at the next beat.
+        from horovod.runner.elastic.driver import ELASTIC_TIMEOUT_SECS
+
+        watchdog.pause("an elastic reset", float(os.environ.get("HOROVOD_ELASTIC_TIMEOUT", ELASTIC_TIMEOUT_SECS)))
         hvd.shutdown()
         hvd.init()
 

@@ -215,18 +215,22 @@ class Trainer:
         total = self.ctx.allreduce_sum(np.append(self._sums.numpy(), float(new)), name=name)
         return total[:3], int(total[3])
 
-    def _check_saveable(self, sums, non_finite: int, epoch: int, step: int) -> None:
+    def _check_saveable(self, sums, non_finite: int, epoch: int, step: int) -> dict:
         """Stop every rank alike, before a save after ``step`` (0-based) of ``epoch``, if the global
         training loss in ``sums`` or any variable (``non_finite``, from :meth:`_sums_and_state`)
         is NaN or infinite.
 
+        Returns:
+            The training metrics of ``sums`` (:meth:`_mean`), when both are finite.
+
         Raises:
             HvdtrainError: on every rank alike.
         """
-        self._checked({"loss": sums[0] / max(sums[2], 1.0)}, epoch, step)
+        metrics = self._checked(self._mean(sums), epoch, step)
         if non_finite:
             raise self._diverged(f"{non_finite:,} value(s) of the model's variables are NaN or infinite at the "
                                  f"check after epoch {epoch + 1}, step {step + 1}")
+        return metrics
 
     def evaluate(self) -> dict:
         """Loss and accuracy over the whole test set, each example counted once (a collective)."""
@@ -324,8 +328,7 @@ class Trainer:
                     cb.on_step_end(epoch, step, running)
             sums, non_finite = self._sums_and_state("hvdtrain.train")
             elapsed = time.perf_counter() - start  # up to the epoch's last update and its metrics' allreduce
-            self._check_saveable(sums, non_finite, epoch, steps - 1)  # before the evaluation, which NaN weights spoil
-            train = self._mean(sums)
+            train = self._check_saveable(sums, non_finite, epoch, steps - 1)  # before the evaluation, which NaN weights spoil
             test = self.evaluate()
             if not np.isfinite(test["loss"]):  # finite variables, but outputs that overflow
                 raise self._diverged(f"the global test loss is {test['loss']} after epoch {epoch + 1}")

@@ -12,12 +12,17 @@ import pytest
 from tests.ranks import MPIRUN, REPO, rank_env, run_ranks
 
 
+def _parse_placements(stdout: str) -> list:
+    """The placements tests/workers/thread_placement.py printed, one per rank, in rank order."""
+    found = [json.loads(line.split("placement ", 1)[1]) for line in stdout.splitlines() if "placement " in line]
+    return sorted(found, key=lambda r: r["rank"])
+
+
 @functools.lru_cache(maxsize=None)
 def _placements(np_: int, launcher: str) -> tuple:
     """Each rank's thread placement (see tests/workers/thread_placement.py), in rank order."""
     out = run_ranks(np_, ["-m", "tests.workers.thread_placement"], launcher=launcher, timeout=120).stdout
-    ranks = sorted((json.loads(line.split("placement ", 1)[1]) for line in out.splitlines() if "placement " in line),
-                   key=lambda r: r["rank"])
+    ranks = _parse_placements(out)
     assert [r["rank"] for r in ranks] == list(range(np_)), out
     return tuple(ranks)
 
@@ -54,8 +59,8 @@ def test_a_users_horovod_thread_affinity_is_left_alone():
     users_core = {0: cores[-1], 1: cores[0]}  # by local rank: in the other rank's share (shares are contiguous)
     out = run_ranks(2, ["-m", "tests.workers.thread_placement"], launcher="mpirun", timeout=120,
                     env={"HOROVOD_THREAD_AFFINITY": f"{cores[-1]},{cores[0]}"}).stdout
-    ranks = [json.loads(line.split("placement ", 1)[1]) for line in out.splitlines() if "placement " in line]
-    assert sorted(r["rank"] for r in ranks) == [0, 1], out
+    ranks = _parse_placements(out)
+    assert [r["rank"] for r in ranks] == [0, 1], out
     for r in ranks:
         assert users_core[r["rank"]] not in r["cores"], r
         assert r["thread_cores"] == sorted(set(r["cores"]) | {users_core[r["rank"]]}), r
@@ -75,5 +80,5 @@ def test_a_rank_mpirun_bound_at_launch_says_how_to_start_it():
     said = "hvdtrain: warning: mpirun bound this rank to 1 core(s), and it keeps 1; hvdtrain gives each rank its " \
            "own share of the host's cores itself: start mpirun with -bind-to none -map-by slot (horovodrun does)"
     assert proc.stderr.count(said) == 1, proc.stderr[-3000:]
-    ranks = [json.loads(line.split("placement ", 1)[1]) for line in proc.stdout.splitlines() if "placement " in line]
-    assert sorted(len(r["cores"]) for r in ranks) == [1, 1], ranks
+    ranks = _parse_placements(proc.stdout)
+    assert [len(r["cores"]) for r in ranks] == [1, 1], ranks
