@@ -336,3 +336,14 @@ def test_peer_loss_is_recognised_whichever_error_surfaces_first(message, lost):
     from hvdtrain.dist import is_peer_loss
 
     assert is_peer_loss(RuntimeError(message)) is lost
+
+
+def test_hvdtrain_errors_are_never_a_peer_loss():
+    """This rank's own error stays its own even when it quotes an OS error that reads like one
+    (a checkpoint on a network file system), so it is printed and not blamed on another rank."""
+    from hvdtrain import HvdtrainError
+    from hvdtrain.dist import is_peer_loss
+
+    quoted = "cannot write checkpoint /nfs/run/ckpt-3: [Errno 104] Connection reset by peer"
+    assert is_peer_loss(OSError(quoted))
+    assert not is_peer_loss(HvdtrainError(quoted))

@@ -82,3 +82,15 @@ def test_a_rank_mpirun_bound_at_launch_says_how_to_start_it():
     assert proc.stderr.count(said) == 1, proc.stderr[-3000:]
     ranks = _parse_placements(proc.stdout)
     assert [len(r["cores"]) for r in ranks] == [1, 1], ranks
+
+
+def test_current_rank_is_the_launchers_until_horovod_runs_then_horovods():
+    """Messages name the rank of now: after an elastic reset Horovod renumbers the workers, and the
+    launcher's rank (here HOROVOD_RANK=5, which Horovod's MPI start-up ignores) is stale."""
+    script = ("from hvdtrain.dist import current_rank\n"
+              "before = current_rank()\n"
+              "import horovod.tensorflow as hvd\n"
+              "hvd.init()\n"
+              "print('ranks', before, current_rank(), hvd.rank())\n")
+    out = run_ranks(1, ["-c", script], launcher="single", timeout=120, env={"HOROVOD_RANK": "5"}).stdout
+    assert "ranks 5 0 0" in out, out
