@@ -13,6 +13,8 @@ import sys
 import time
 from typing import List, Optional, Tuple
 
+from hvdtrain.checkpoint import fsync_dir
+
 
 class Callback:
     """Hooks called by :class:`hvdtrain.train.Trainer`. All metrics are already global (exact over ranks)."""
@@ -133,12 +135,15 @@ class JsonlMetrics(Callback):
 
 
 def _replace_file(path: str, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file and a rename: a reader, or a crash,
-    sees the old file or the new one, never a part."""
+    """Write ``text`` to ``path`` through a temporary file, fsynced, and a rename: a reader, or a
+    crash (power loss included), sees the old file or the new one, never a part or nothing."""
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
         f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
     os.replace(tmp, path)
+    fsync_dir(os.path.dirname(os.path.abspath(path)))
 
 
 class TensorBoard(Callback):

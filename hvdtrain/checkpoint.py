@@ -72,7 +72,8 @@ def require_checkpoint_dir(directory: str) -> None:
         raise HvdtrainError(f"--resume: no checkpoint directory {directory} (check --log-dir/--checkpoint-dir)")
 
 
-def _fsync_dir(path: str) -> None:
+def fsync_dir(path: str) -> None:
+    """Make the entries of directory ``path`` (a rename into it) durable."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -168,7 +169,7 @@ class CheckpointManager:
         for name in os.listdir(tmp):
             with open(os.path.join(tmp, name), "rb") as f:
                 os.fsync(f.fileno())
-        _fsync_dir(tmp)
+        fsync_dir(tmp)
         if os.path.exists(final):  # re-saving the same tag (after a resume): keep the old until replaced
             old = final + f".old-{os.getpid()}"
             os.rename(final, old)
@@ -176,7 +177,7 @@ class CheckpointManager:
             shutil.rmtree(old, ignore_errors=True)
         else:
             os.rename(tmp, final)
-        _fsync_dir(self.directory)
+        fsync_dir(self.directory)
         self._prune()
         return final
 

@@ -180,7 +180,7 @@ def _import_model_fn(spec: str) -> Callable:
         raise HvdtrainError(f"--model {spec!r}: expected one of {BUILTIN_MODELS} or 'package.module:function'")
     try:
         module = importlib.import_module(module_name)
-    except Exception as e:  # noqa: BLE001 -- not found, or the user's module fails while importing
+    except (Exception, SystemExit) as e:  # noqa: BLE001 -- not found, or the user's module fails while importing
         raise HvdtrainError(f"--model {spec!r}: cannot import module {module_name!r} ({type(e).__name__}: {e})") from None
     fn = getattr(module, fn_name, None)
     if not callable(fn):
@@ -223,21 +223,21 @@ def build_model(spec: str, input_shape: Tuple[int, int, int], num_classes: int, 
         model = fn(input_shape=tuple(input_shape), num_classes=num_classes)
     except HvdtrainError:
         raise
-    except Exception as e:  # the user's code: report it as theirs, with its message
+    except (Exception, SystemExit) as e:  # the user's code (even a sys.exit): report it as theirs
         raise HvdtrainError(f"--model {spec!r}: the function raised {type(e).__name__}: {e}") from e
     if not isinstance(model, tf.keras.Model):
         raise HvdtrainError(f"--model {spec!r}: the function returned {type(model).__name__}, not a tf.keras.Model")
     if not model.built:  # a subclassed or Input-less model: create its weights for this input shape
         try:
             model.build((None, *input_shape))
-        except Exception as e:  # noqa: BLE001 -- the user's code
+        except (Exception, SystemExit) as e:  # noqa: BLE001 -- the user's code
             raise HvdtrainError(f"--model {spec!r}: cannot build the model for inputs (None, "
                                 f"{', '.join(map(str, input_shape))}): {type(e).__name__}: {e}") from e
     # One inference call on two images (no collectives: synchronized BatchNorm uses its moving
     # statistics) checks what Keras' output_shape may not tell: subclassed models have none.
     try:
         out = model(tf.zeros((2, *input_shape)), training=False)
-    except Exception as e:  # noqa: BLE001 -- the user's code
+    except (Exception, SystemExit) as e:  # noqa: BLE001 -- the user's code
         first_line = (str(e).strip().splitlines() or [""])[0]
         raise HvdtrainError(f"--model {spec!r}: the model fails on a batch of (2, {', '.join(map(str, input_shape))}) "
                             f"images: {type(e).__name__}: {first_line}") from e

@@ -14,13 +14,16 @@ class WarmupSchedule(tf.keras.optimizers.schedules.LearningRateSchedule):
 
     Goyal et al. 2017, "Accurate, Large Minibatch SGD: Training ImageNet in 1 Hour", §2.1-2.2: scale
     the learning rate linearly with the global batch (here: with the number of ranks, each with
-    the same local batch) and reach it by gradual warmup, avoiding early instability.
+    the same local batch) and reach it by gradual warmup, avoiding early instability. With
+    gradient accumulation (K backward passes per update) an update averages K global batches at
+    this same rate: the rate is not scaled by K (raise ``base_lr`` for that).
 
     Args:
         base_lr: float > 0, learning rate of one rank.
         world_size: int >= 1, the scale factor.
-        warmup_steps: int >= 0, optimizer steps of warmup.
-        total_steps: int >= 1, optimizer steps of the whole run (cosine reaches 0 there).
+        warmup_steps: int >= 0, steps (backward passes: with accumulation, Horovod's
+            ``optimizer.iterations`` counts every pass) of warmup.
+        total_steps: int >= 1, steps of the whole run (cosine reaches 0 there).
         cosine: decay with half a cosine after warmup (Loshchilov & Hutter 2017, "SGDR"); else
             stay at the peak.
         step_offset: int, added to the optimizer's iteration count: an elastic job that changed
@@ -86,7 +89,7 @@ def build_optimizer(config: OptimConfig, world_size: int, steps_per_epoch: int, 
     Args:
         config: the optimizer section of the run's config.
         world_size: number of ranks (learning-rate scale).
-        steps_per_epoch: optimizer steps per epoch (for warmup and decay lengths).
+        steps_per_epoch: steps (backward passes) per epoch, for warmup and decay lengths.
         epochs: epochs of the run.
 
     Returns:

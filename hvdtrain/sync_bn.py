@@ -33,16 +33,16 @@ class SyncBatchNormalization(tf.keras.layers.Layer):
 
     Forward: each rank computes, for each channel, its count ``n_r`` and its float64 sums of
     ``x - K`` and ``(x - K)²`` around a shift ``K`` identical on every rank (the moving mean,
-    gradient stopped): on a CPU-only process in one pass with float64 accumulation (hvdtrain's
-    kernels), elsewhere from two-pass float32 local moments (mean ``m_r``, then sums of
-    ``d = x - m_r`` and ``d²``) re-expressed around ``K``. The sums and the count are summed over
+    gradient stopped): for channels-last inputs on a CPU-only process in one pass with float64
+    accumulation (hvdtrain's kernels), elsewhere from two-pass local moments in the compute dtype
+    (mean ``m_r``, then sums of ``d = x - m_r`` and ``d²``) re-expressed around ``K``. The sums and the count are summed over
     ranks in one float64 allreduce. The global mean and variance follow without catastrophic
     cancellation: float64 leaves ~1e-16·(mean-K)²/var relative error in the variance, so data with
     mean 1e4 and std 1 on the first step (``K = 0``) loses nothing
     (Chan, Golub & LeVeque 1983, "Algorithms for computing the sample variance"; the shifted-data
     algorithm). The variance is clamped at 0 and a zero global count divides by nothing.
     The mean is then split into float32 ``hi + lo`` parts so ``x - mean`` stays exact in float32
-    even when ``|mean| ≫ std``.
+    even when ``|mean| ≫ std``. (The compute dtype is float32, or float64 for float64 inputs.)
 
     Backward: a custom gradient with one allreduce of the per-channel ``[Σdy, Σdy·x̂]`` gives the
     exact gradient of global-batch batch normalization with respect to each rank's input:
@@ -55,7 +55,8 @@ class SyncBatchNormalization(tf.keras.layers.Layer):
     rank; no update happens when the global count is 0. Inference uses them and communicates nothing.
     With world size 1 (or Horovod not initialized) the layer is plain batch normalization and makes
     no collective call. float16/bfloat16 inputs are normalized with float32 statistics and returned
-    in the input dtype; the layer's weights stay float32 under a mixed-precision policy.
+    in the input dtype; the layer's weights stay float32 under a mixed-precision policy. float64
+    inputs (a layer with ``dtype="float64"``) are computed in float64 throughout.
 
     Args:
         axis: int or list of ints, the channel axis or axes (default -1, channels-last; use 1 for
@@ -81,10 +82,11 @@ class SyncBatchNormalization(tf.keras.layers.Layer):
         **kwargs: standard Keras layer arguments (``name``, ``dtype``, ``trainable``...).
 
     Call arguments:
-        inputs: tensor of rank >= 2, any float dtype.
+        inputs: tensor of rank >= 2: float16, bfloat16, float32 or float64.
         training: Python bool or boolean scalar tensor. True normalizes with global batch statistics
             and updates the moving statistics; False (or None) uses the moving statistics. A layer
             with ``trainable=False`` always runs in inference mode (Keras' fine-tuning convention).
+        mask: must be None (masks are refused, not ignored; see Raises).
 
     Input shape:
         Arbitrary, rank >= 2, with the ``axis`` dimensions known, e.g. ``(batch, C)``,
@@ -103,7 +105,8 @@ class SyncBatchNormalization(tf.keras.layers.Layer):
         ValueError: in the constructor for ``momentum`` outside [0, 1], ``epsilon <= 0``, a
             non-integer ``axis`` or an ``activation`` other than None and ``"relu"``; when built
             for an input whose rank is < 2, whose ``axis`` is out of range or repeated, or whose
-            channel dimensions are unknown.
+            channel dimensions are unknown; when called with a mask (Keras' ``BatchNormalization``
+            leaves masked positions out of its statistics; this layer does not support that).
 
     Caveats:
         * Every rank must call the layer the same number of times per training step, in the same
@@ -164,7 +167,6 @@ class SyncBatchNormalization(tf.keras.layers.Layer):
         self.gamma_constraint = tf.keras.constraints.get(gamma_constraint)
         self.unbiased_moving_variance = bool(unbiased_moving_variance)
         self.activation = activation
-        self.supports_masking = True
 
     # ---- construction -------------------------------------------------------------------------
     def build(self, input_shape):
@@ -218,11 +220,16 @@ class SyncBatchNormalization(tf.keras.layers.Layer):
     # single-pass CPU kernels (hvdtrain/csrc, channels-last inputs on CPU-only processes) or by
     # TensorFlow ops (any layout, any device). Both compute the same quantities (the moments by
     # different passes; see the class docstring), equal to float32 rounding (tests/test_sync_bn.py).
-    def _flat_params(self):
-        """gamma, beta as float32 ``[C]`` (ones/zeros when disabled)."""
+    @staticmethod
+    def _compute_dtype_of(inputs) -> tf.DType:
+        """float64 for float64 inputs, float32 for any other (half precision included)."""
+        return tf.float64 if inputs.dtype == tf.float64 else tf.float32
+
+    def _flat_params(self, dtype: tf.DType):
+        """gamma, beta as ``[C]`` vectors of ``dtype`` (ones/zeros when disabled)."""
         c = self._channels
-        gamma = tf.ones([c], tf.float32) if self.gamma is None else tf.reshape(tf.cast(self.gamma, tf.float32), [c])
-        beta = tf.zeros([c], tf.float32) if self.beta is None else tf.reshape(tf.cast(self.beta, tf.float32), [c])
+        gamma = tf.ones([c], dtype) if self.gamma is None else tf.reshape(tf.cast(self.gamma, dtype), [c])
+        beta = tf.zeros([c], dtype) if self.beta is None else tf.reshape(tf.cast(self.beta, dtype), [c])
         return gamma, beta
 
     def _per_element(self, v):
@@ -233,22 +240,27 @@ class SyncBatchNormalization(tf.keras.layers.Layer):
         """Per-channel sums of ``t`` as a flat ``[C]`` vector (TensorFlow path)."""
         return tf.reshape(tf.reduce_sum(t, self._reduction_axes), [self._channels])
 
-    def _use_kernels(self) -> bool:
-        return self._axes == [len(self._broadcast_shape) - 1] and kernels.available()
+    def _use_kernels(self, dtype: tf.DType) -> bool:
+        """The CPU kernels take float32, channels-last inputs."""
+        return dtype == tf.float32 and self._axes == [len(self._broadcast_shape) - 1] and kernels.available()
 
-    def call(self, inputs, training=None):
+    def call(self, inputs, training=None, mask=None):
+        if mask is not None:  # Keras hands on the previous layer's mask (e.g. Embedding(mask_zero=True))
+            raise ValueError(f"{self.name}: masks are not supported (the masked positions would enter the "
+                             f"batch statistics); got a mask of shape {mask.shape}")
         if training is None or not self.trainable:
             training = False
         return tf.__internal__.smart_cond.smart_cond(
             training, lambda: self._training_call(inputs), lambda: self._inference_call(inputs))
 
     def _inference_call(self, inputs):
-        gamma, beta = self._flat_params()
-        mean = tf.reshape(tf.cast(self.moving_mean, tf.float32), [self._channels])
-        variance = tf.reshape(tf.cast(self.moving_variance, tf.float32), [self._channels])
+        dtype = self._compute_dtype_of(inputs)
+        gamma, beta = self._flat_params(dtype)
+        mean = tf.reshape(tf.cast(self.moving_mean, dtype), [self._channels])
+        variance = tf.reshape(tf.cast(self.moving_variance, dtype), [self._channels])
         scale = gamma * tf.math.rsqrt(variance + self.epsilon)
-        x = tf.cast(inputs, tf.float32)
-        if self._use_kernels():
+        x = tf.cast(inputs, dtype)
+        if self._use_kernels(dtype):
             y = kernels.normalize(x, mean, scale, beta, relu=self._relu)
         else:
             y = self._activate((x - self._per_element(mean)) * self._per_element(scale) + self._per_element(beta))
@@ -267,13 +279,13 @@ class SyncBatchNormalization(tf.keras.layers.Layer):
 
         ``count`` is this rank's per-channel example count (float64 scalar).
 
-        Kernel path: one pass, float64 accumulation. TensorFlow path: two passes in float32 -- a
-        first mean ``m``, then sums of ``d = x - m`` and ``d²`` (the sum of ``d`` corrects the first
+        Kernel path: one pass, float64 accumulation. TensorFlow path: two passes in ``x``'s dtype --
+        a first mean ``m``, then sums of ``d = x - m`` and ``d²`` (the sum of ``d`` corrects the first
         mean's rounding; the squares carry no offset) -- re-expressed around ``shift`` in float64.
         """
-        if self._use_kernels():
+        if self._use_kernels(x.dtype):
             return kernels.moments(x, shift)
-        first_mean = self._channel_sums(x) / tf.cast(tf.maximum(count, 1.0), tf.float32)
+        first_mean = self._channel_sums(x) / tf.cast(tf.maximum(count, 1.0), x.dtype)
         dev = x - self._per_element(first_mean)
         dev_sum = tf.cast(self._channel_sums(dev), tf.float64)
         dev_sq_sum = tf.cast(self._channel_sums(tf.square(dev)), tf.float64)
@@ -284,7 +296,7 @@ class SyncBatchNormalization(tf.keras.layers.Layer):
         """Global count, mean and biased variance over all ranks' batches: one float64 allreduce.
 
         Args:
-            x: float32 local input.
+            x: local input in the compute dtype (float32 or float64).
             shift: float64 ``[C]``, identical on every rank.
 
         Returns:
@@ -303,20 +315,22 @@ class SyncBatchNormalization(tf.keras.layers.Layer):
         return count, shift + mean_offset, variance
 
     def _training_call(self, inputs):
-        x = tf.cast(inputs, tf.float32)
-        use_kernels = self._use_kernels()
+        dtype = self._compute_dtype_of(inputs)
+        x = tf.cast(inputs, dtype)
+        use_kernels = self._use_kernels(dtype)
         shift = tf.stop_gradient(tf.reshape(tf.cast(self.moving_mean, tf.float64), [self._channels]))
         count, mean, variance = self._global_moments(x, shift)
         self._update_moving_statistics(count, mean, variance)
 
         # Float32 hi + lo split of the float64 mean: x - hi is exact when x is near the mean
         # (Sterbenz), so the normalized value keeps float32 precision even when |mean| >> std.
-        mean_hi = tf.cast(mean, tf.float32)
-        mean_lo = tf.cast(mean - tf.cast(mean_hi, tf.float64), tf.float32)
+        # (In float64, hi is the mean and lo is 0.)
+        mean_hi = tf.cast(mean, dtype)
+        mean_lo = tf.cast(mean - tf.cast(mean_hi, tf.float64), dtype)
         inv_std64 = tf.math.rsqrt(variance + self.epsilon)
-        inv_std = tf.cast(inv_std64, tf.float32)
+        inv_std = tf.cast(inv_std64, dtype)
         n_inv = tf.math.divide_no_nan(tf.constant(1.0, tf.float64), count)
-        gamma, beta = self._flat_params()
+        gamma, beta = self._flat_params(dtype)
         per_element = self._per_element
         relu = self._relu
 
@@ -330,11 +344,11 @@ class SyncBatchNormalization(tf.keras.layers.Layer):
                 y = self._activate((x - per_element(mean_hi)) * per_element(scale) + per_element(offset))
 
             def grad(dy):
-                dy = tf.cast(dy, tf.float32)
+                dy = tf.cast(dy, dtype)
                 # With the fused ReLU, the gradient below is that of the normalization with dy
                 # masked where y = 0 (the kernels recompute the mask from x; see their source).
                 if relu and not use_kernels:
-                    dy = dy * tf.cast(y > 0.0, tf.float32)  # as TensorFlow's ReluGrad
+                    dy = dy * tf.cast(y > 0.0, dtype)  # as TensorFlow's ReluGrad
                 # Local Σdy and Σdy·(x - hi), then Σdy·x̂ = (Σdy·(x - hi) - lo·Σdy)·inv_std.
                 if use_kernels:
                     sum_dy, sum_dy_centered = kernels.grad_sums(dy, x, mean_hi, scale, offset, relu=relu)
@@ -349,12 +363,12 @@ class SyncBatchNormalization(tf.keras.layers.Layer):
                 scale64 = tf.cast(scale, tf.float64)
                 b64 = -scale64 * inv_std64 * total_dy_xhat * n_inv
                 c64 = -scale64 * total_dy * n_inv - b64 * tf.cast(mean_lo, tf.float64)
-                b, c = tf.cast(b64, tf.float32), tf.cast(c64, tf.float32)
+                b, c = tf.cast(b64, dtype), tf.cast(c64, dtype)
                 if use_kernels:
                     dx = kernels.grad_input(dy, x, mean_hi, scale, offset, b, c, relu=relu)
                 else:
                     dx = per_element(scale) * dy + per_element(b) * (x - per_element(mean_hi)) + per_element(c)
-                return dx, tf.cast(sum_dy_xhat, tf.float32), tf.cast(sum_dy, tf.float32)
+                return dx, tf.cast(sum_dy_xhat, dtype), tf.cast(sum_dy, dtype)
 
             return y, grad
 

@@ -40,6 +40,16 @@ def _loss_and_sums(logits: tf.Tensor, labels: tf.Tensor):
     return per_example, sums
 
 
+def per_rank_moving_statistics(model: tf.keras.Model) -> List[tf.Variable]:
+    """The moving mean and variance of every Keras ``BatchNormalization`` layer in ``model``.
+
+    Such a layer (``--no-sync-bn``, or a user model's) updates them from its own rank's batches, so
+    they drift apart across ranks; :class:`hvdtrain.SyncBatchNormalization` keeps them identical.
+    """
+    return [v for layer in model.submodules if isinstance(layer, tf.keras.layers.BatchNormalization)
+            for v in (layer.moving_mean, layer.moving_variance)]
+
+
 def _to_model_input(images: tf.Tensor) -> tf.Tensor:
     """uint8 pixels -> float32 in [0, 1]; float data passes through as float32."""
     if images.dtype == tf.uint8:
@@ -96,6 +106,7 @@ class Trainer:
         self.train_step = self._make_train_step()
         self.eval_step = self._make_eval_step()
         self.count_non_finite = self._make_count_non_finite()
+        self._moving_statistics = per_rank_moving_statistics(model)
         # Non-finite values the model starts with (a -inf mask, say) are its own, not a divergence.
         self._non_finite_at_start = int(self.count_non_finite())
 
@@ -200,19 +211,28 @@ class Trainer:
         return metrics
 
     def _sums_and_state(self, name: str):
-        """Before a checkpoint or an elastic commit: one allreduce of the epoch's ``[loss, correct,
-        count]`` sums so far and of each rank's count of NaN and infinite values in the model's
-        floating-point variables beyond those it started with.
+        """Before a checkpoint, an elastic commit or an evaluation: one allreduce of the epoch's
+        ``[loss, correct, count]`` sums so far, of each rank's count of NaN and infinite values in
+        the model's floating-point variables beyond those it started with, and of per-rank
+        BatchNorm's moving statistics, which every rank then replaces by their mean over the ranks.
 
         The loss checks cannot see the last update before a save (its loss was computed before
         it), so the variables are counted too, on every rank: they may differ between ranks
         (per-rank BatchNorm's moving statistics), and the allreduce makes every rank agree.
+        Averaging those statistics (as timm's ``distribute_bn`` does) makes the model every rank
+        evaluates the one rank 0 saves, and a resumed run the same as one never stopped.
 
         Returns:
             ``(sums, non_finite)``: the global sums (float64 array of 3) and the global count (int).
         """
         new = max(0, int(self.count_non_finite()) - self._non_finite_at_start)
-        total = self.ctx.allreduce_sum(np.append(self._sums.numpy(), float(new)), name=name)
+        statistics = [v.numpy().ravel() for v in self._moving_statistics]
+        total = self.ctx.allreduce_sum(np.concatenate([self._sums.numpy(), [float(new)], *statistics]), name=name)
+        offset = 4
+        for variable, local in zip(self._moving_statistics, statistics):
+            mean = total[offset:offset + local.size] / self.ctx.size
+            variable.assign(mean.reshape(variable.shape).astype(variable.dtype.as_numpy_dtype))
+            offset += local.size
         return total[:3], int(total[3])
 
     def _check_saveable(self, sums, non_finite: int, epoch: int, step: int) -> dict:

@@ -110,6 +110,8 @@ CASES = [
      "module 'tests.models' has no function 'no_such_fn'"),
     ("model function returns no model", lambda t, r: [*SYNTHETIC, "--model", "tests.models:not_a_model"],
      "returned str, not a tf.keras.Model"),
+    ("model function calls sys.exit(0)", lambda t, r: [*SYNTHETIC, "--model", "tests.models:exits"],
+     "--model 'tests.models:exits': the function raised SystemExit: 0"),
     ("unwritable log directory", lambda t, r: [*SYNTHETIC, *MLP, "--log-dir", blocked(t)], "is not writable"),
     ("unwritable checkpoint directory", lambda t, r: [*SYNTHETIC, *MLP, "--log-dir", str(t / "new-run"),
                                                       "--checkpoint-dir", blocked(t)], "is not writable"),

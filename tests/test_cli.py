@@ -189,7 +189,11 @@ def test_resume_from_a_mistyped_directory_creates_nothing(tmp_path):
 def test_a_last_global_batch_smaller_than_the_world_size_trains(tmp_path, norm):
     """2 ranks x 8 over 33 examples: the last example joins the step before, so no rank gets an
     empty batch, which under oneDNN crashed the seed CNN's Conv2D (and would turn per-rank
-    BatchNorm's moving statistics to NaN)."""
+    BatchNorm's moving statistics to NaN).
+
+    And the test loss logged is that of the model checkpointed: recomputed in one process from the
+    checkpoint, it matches. (With per-rank BatchNorm each rank's moving statistics differ until
+    they are averaged before the evaluation; rank 0 alone saves its own.)"""
     rng = np.random.default_rng(0)
     data = tmp_path / "data.npz"
     np.savez(data, x_train=rng.integers(0, 256, (33, 28, 28), dtype=np.uint8), y_train=np.arange(33) % 10,
@@ -201,6 +205,17 @@ def test_a_last_global_batch_smaller_than_the_world_size_trains(tmp_path, norm):
     logged = metrics(tmp_path / "run")
     assert [m["train_examples"] for m in logged] == [33, 33]
     assert all(np.isfinite(m["test_loss"]) for m in logged)
+
+    from hvdtrain.models import build_model
+    from hvdtrain.train import _loss_and_sums, _to_model_input
+
+    model = build_model("cnn", (28, 28, 1), 10, sync_bn=not norm)
+    latest = sorted((tmp_path / "run" / "checkpoints").glob("ckpt-*"))[-1]
+    tf.train.Checkpoint(model=model).read(str(latest / "state")).expect_partial().assert_existing_objects_matched()
+    with np.load(data) as d:
+        images, labels = _to_model_input(d["x_test"][..., None]), tf.constant(d["y_test"], tf.int32)
+    loss_sum, _, count = _loss_and_sums(model(images, training=False), labels)[1].numpy()
+    assert loss_sum / count == pytest.approx(logged[-1]["test_loss"], rel=1e-5)
 
 
 @pytest.fixture(scope="module")

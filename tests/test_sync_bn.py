@@ -131,6 +131,43 @@ def test_half_precision_inputs_keep_dtype_and_float32_statistics(dtype):
     np.testing.assert_allclose(tf.cast(y, tf.float32).numpy(), reference.numpy(), atol=0.05)
 
 
+@pytest.mark.parametrize("shape, axis", [((6, 3, 3, 4), -1), ((6, 4, 3, 3), 1)], ids=["channels_last", "channels_first"])
+def test_float64_inputs_are_computed_in_float64(shape, axis):
+    """A float64 layer matches batch normalization done in NumPy float64 to float64 rounding, forward
+    and backward (the float32 path would be 1e-7 off), with data whose mean is far from 0."""
+    rng = np.random.default_rng(2)
+    x_np = rng.normal(1e3, 1.0, shape)
+    w_np = rng.normal(0.0, 1.0, shape)  # loss = sum(y * w), so dL/dy = w
+    layer = SyncBatchNormalization(axis=axis, momentum=0.5, epsilon=1e-3, dtype="float64")
+    x = tf.constant(x_np)
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        y = layer(x, training=True)
+        loss = tf.reduce_sum(y * w_np)
+    dx, dgamma, dbeta = tape.gradient(loss, [x, layer.gamma, layer.beta])
+    assert y.dtype == dx.dtype == layer.moving_mean.dtype == tf.float64
+
+    reduce = tuple(a for a in range(len(shape)) if a != axis % len(shape))
+    n = x_np.size / shape[axis]
+    mean, var = x_np.mean(reduce, keepdims=True), x_np.var(reduce, keepdims=True)
+    x_hat = (x_np - mean) / np.sqrt(var + 1e-3)
+    # gamma = 1, beta = 0: dx = (w - mean(w) - x_hat * mean(w * x_hat)) / sigma (Ioffe & Szegedy 2015)
+    dx_oracle = (w_np - w_np.sum(reduce, keepdims=True) / n
+                 - x_hat * (w_np * x_hat).sum(reduce, keepdims=True) / n) / np.sqrt(var + 1e-3)
+    for ours, oracle in [(y, x_hat), (dx, dx_oracle), (dgamma, (w_np * x_hat).sum(reduce)), (dbeta, w_np.sum(reduce)),
+                         (layer.moving_mean, 0.5 * mean.ravel()), (layer.moving_variance, 0.5 + 0.5 * var.ravel())]:
+        np.testing.assert_allclose(ours.numpy(), oracle, rtol=1e-10, atol=1e-10 * np.abs(oracle).max())
+
+
+def test_a_mask_is_refused_not_ignored():
+    """Keras hands on an Embedding's mask; the layer says it cannot honour it instead of letting the
+    padded positions into the statistics (and dropping the mask) as a layer without masking does."""
+    padded = tf.keras.layers.Embedding(10, 4, mask_zero=True)(tf.constant([[1, 2, 0, 0]]))
+    with pytest.raises(ValueError, match=r"masks are not supported \(the masked positions would enter the batch "
+                                         r"statistics\); got a mask of shape \(1, 4\)"):
+        SyncBatchNormalization()(padded, training=True)
+
+
 def test_mixed_precision_policy():
     tf.keras.mixed_precision.set_global_policy("mixed_float16")
     try:
