@@ -13,7 +13,7 @@ import sys
 import time
 from typing import List, Optional, Tuple
 
-from hvdtrain.checkpoint import fsync_dir
+from hvdtrain.files import replace_file
 
 
 class Callback:
@@ -124,26 +124,14 @@ class JsonlMetrics(Callback):
         if not os.path.exists(self.path):
             return
         kept = [line for epoch, line in logged_epochs(self.path) if epoch <= start_epoch]
-        _replace_file(self.path, "".join(kept))
+        replace_file(self.path, "".join(kept))
 
     def on_epoch_end(self, epoch, metrics):
         with open(self.path, "a") as f:
             f.write(json.dumps({"epoch": epoch + 1, **metrics}) + "\n")
 
     def on_evaluation_only(self, position, metrics):
-        _replace_file(self.evaluation_path, json.dumps({**position, **metrics}) + "\n")
-
-
-def _replace_file(path: str, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file, fsynced, and a rename: a reader, or a
-    crash (power loss included), sees the old file or the new one, never a part or nothing."""
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fsync_dir(os.path.dirname(os.path.abspath(path)))
+        replace_file(self.evaluation_path, json.dumps({**position, **metrics}) + "\n")
 
 
 class TensorBoard(Callback):

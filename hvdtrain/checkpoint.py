@@ -25,6 +25,7 @@ from typing import Optional
 import tensorflow as tf
 
 from hvdtrain.errors import HvdtrainError, describe_differences
+from hvdtrain.files import fsync_dir
 
 _NAME = re.compile(r"^ckpt-(\d{6,})$")
 FORMAT_VERSION = 1
@@ -70,15 +71,6 @@ def require_checkpoint_dir(directory: str) -> None:
     """
     if not os.path.isdir(directory):
         raise HvdtrainError(f"--resume: no checkpoint directory {directory} (check --log-dir/--checkpoint-dir)")
-
-
-def fsync_dir(path: str) -> None:
-    """Make the entries of directory ``path`` (a rename into it) durable."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class CheckpointManager:

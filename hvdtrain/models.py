@@ -223,7 +223,7 @@ def build_model(spec: str, input_shape: Tuple[int, int, int], num_classes: int, 
         model = fn(input_shape=tuple(input_shape), num_classes=num_classes)
     except HvdtrainError:
         raise
-    except (Exception, SystemExit) as e:  # the user's code (even a sys.exit): report it as theirs
+    except (Exception, SystemExit) as e:  # noqa: BLE001 -- the user's code (even a sys.exit): report it as theirs
         raise HvdtrainError(f"--model {spec!r}: the function raised {type(e).__name__}: {e}") from e
     if not isinstance(model, tf.keras.Model):
         raise HvdtrainError(f"--model {spec!r}: the function returned {type(model).__name__}, not a tf.keras.Model")

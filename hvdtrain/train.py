@@ -40,14 +40,22 @@ def _loss_and_sums(logits: tf.Tensor, labels: tf.Tensor):
     return per_example, sums
 
 
+# Keras' batch norm layers. Under Horovod (no tf.distribute strategy) each one, Keras' own
+# synchronized variants included, updates its moving statistics from its own rank's batches.
+_KERAS_BATCH_NORMS = (tf.keras.layers.BatchNormalization, tf.keras.layers.experimental.SyncBatchNormalization)
+
+
 def per_rank_moving_statistics(model: tf.keras.Model) -> List[tf.Variable]:
-    """The moving mean and variance of every Keras ``BatchNormalization`` layer in ``model``.
+    """The moving statistics of the built Keras batch norm layers in ``model``, nested ones included:
+    their floating-point non-trainable variables (moving mean and variance, and with ``renorm=True``
+    its moving standard deviation and renormalization statistics).
 
     Such a layer (``--no-sync-bn``, or a user model's) updates them from its own rank's batches, so
     they drift apart across ranks; :class:`hvdtrain.SyncBatchNormalization` keeps them identical.
+    A layer that was never called has none yet.
     """
-    return [v for layer in model.submodules if isinstance(layer, tf.keras.layers.BatchNormalization)
-            for v in (layer.moving_mean, layer.moving_variance)]
+    return [v for layer in model.submodules if isinstance(layer, _KERAS_BATCH_NORMS) and layer.built
+            for v in layer.non_trainable_weights if v.dtype.is_floating]
 
 
 def _to_model_input(images: tf.Tensor) -> tf.Tensor:
@@ -217,10 +225,14 @@ class Trainer:
         BatchNorm's moving statistics, which every rank then replaces by their mean over the ranks.
 
         The loss checks cannot see the last update before a save (its loss was computed before
-        it), so the variables are counted too, on every rank: they may differ between ranks
-        (per-rank BatchNorm's moving statistics), and the allreduce makes every rank agree.
-        Averaging those statistics (as timm's ``distribute_bn`` does) makes the model every rank
-        evaluates the one rank 0 saves, and a resumed run the same as one never stopped.
+        it), so the variables are counted too, on every rank (they may differ between ranks), and
+        the counts are summed, so that every rank finds a NaN alike. Averaging the per-rank
+        statistics (:func:`per_rank_moving_statistics`, as timm's ``distribute_bn`` does) makes the
+        model every rank evaluates the one rank 0 saves, and a resumed run the same as one never
+        stopped. The moving variances are averaged, not pooled with the spread of the ranks'
+        moving means: each rank's estimates the variance within a local batch, which is what
+        training normalized with, and with globally shuffled data the means differ by sampling
+        noise only.
 
         Returns:
             ``(sums, non_finite)``: the global sums (float64 array of 3) and the global count (int).
@@ -302,8 +314,9 @@ class Trainer:
             start_sums: global ``[loss, correct, count]`` sums of the epoch's steps before
                 ``start_step`` (from the checkpoint), so that the epoch's metrics stay exact.
             checkpoint_every: also checkpoint every this many steps within an epoch (0: only at the
-                end of epochs); each costs one small allreduce on every rank (the metric sums and
-                the count of non-finite variables) and a pass over the variables.
+                end of epochs); each costs one small allreduce on every rank (the metric sums, the
+                count of non-finite variables and per-rank BatchNorm's moving statistics: 2·C
+                numbers per layer) and a pass over the variables.
             start_example: or begin at this position of the epoch's permutation (an elastic job
                 continuing at another world size; see :meth:`ShardPlan.epoch`).
             commit_every: elastic jobs: commit the state every this many steps (0: never).

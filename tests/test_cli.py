@@ -192,8 +192,9 @@ def test_a_last_global_batch_smaller_than_the_world_size_trains(tmp_path, norm):
     BatchNorm's moving statistics to NaN).
 
     And the test loss logged is that of the model checkpointed: recomputed in one process from the
-    checkpoint, it matches. (With per-rank BatchNorm each rank's moving statistics differ until
-    they are averaged before the evaluation; rank 0 alone saves its own.)"""
+    checkpoint, it matches. (With per-rank BatchNorm each rank's moving statistics differ; only rank
+    0 saves, so without their averaging before the evaluation the checkpoint would hold rank 0's
+    statistics while the logged loss mixed both ranks'.)"""
     rng = np.random.default_rng(0)
     data = tmp_path / "data.npz"
     np.savez(data, x_train=rng.integers(0, 256, (33, 28, 28), dtype=np.uint8), y_train=np.arange(33) % 10,

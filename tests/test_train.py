@@ -104,3 +104,26 @@ def test_fp16_allreduce_equals_fp32_to_half_precision(tmp_path, shared_run):
         update16, update32 = fp16[k] - initial, fp32[k] - initial
         assert np.linalg.norm(update16 - update32) <= 1e-3 * np.linalg.norm(update32), k
         assert not np.array_equal(update16, update32) or not update32.any(), "compression had no effect"
+
+
+def test_per_rank_moving_statistics_are_those_of_every_built_keras_batch_norm():
+    """What the trainer averages over the ranks before an evaluation or a save: the statistics of
+    Keras' batch norm layers (nested, Keras' synchronized variant and renorm's included), not those
+    of hvdtrain's layer (identical on every rank already) nor of a layer never called."""
+    import tensorflow as tf
+
+    from hvdtrain import SyncBatchNormalization
+    from hvdtrain.train import per_rank_moving_statistics
+
+    inner = tf.keras.Sequential([tf.keras.layers.BatchNormalization(renorm=True, name="renorm")], name="inner")
+    unused = tf.keras.layers.BatchNormalization(name="unused")
+    inputs = tf.keras.Input((4,))
+    x = inner(tf.keras.layers.BatchNormalization(name="plain", dtype="float64")(inputs))
+    x = tf.keras.layers.experimental.SyncBatchNormalization(name="keras_sync")(x)
+    model = tf.keras.Model(inputs, SyncBatchNormalization(name="ours")(x))
+    model.unused = unused  # tracked, never built
+    names = sorted(v.name for v in per_rank_moving_statistics(model))
+    assert names == sorted(f"{layer}/{stat}:0" for layer, stats in [
+        ("plain", ["moving_mean", "moving_variance"]), ("keras_sync", ["moving_mean", "moving_variance"]),
+        ("renorm", ["moving_mean", "moving_variance", "moving_stddev", "renorm_mean", "renorm_stddev"])]
+        for stat in stats), names

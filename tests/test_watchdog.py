@@ -9,14 +9,14 @@ import time
 from tests.ranks import REPO
 
 
-def _run_watchdog(body: str, timeout: float = 60) -> tuple:
-    """Run ``body`` after ``dog = Watchdog(rank=0, timeout_s=1, poll_s=0.05)``, in a process of its
-    own (a stall ends the process); returns (exit status, stderr, seconds from the watchdog's
+def _run_watchdog(body: str, timeout_s: float = 1) -> tuple:
+    """Run ``body`` after ``dog = Watchdog(rank=0, timeout_s=timeout_s, poll_s=0.05)``, in a process
+    of its own (a stall ends the process); returns (exit status, stderr, seconds from the watchdog's
     creation to the end of the process: imports are not counted)."""
     script = "import time\nfrom hvdtrain.watchdog import Watchdog\n" \
-             "dog = Watchdog(rank=0, timeout_s=1, poll_s=0.05)\n" \
+             f"dog = Watchdog(rank=0, timeout_s={timeout_s}, poll_s=0.05)\n" \
              "print(time.time(), flush=True)\n" + textwrap.dedent(body)
-    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=120)
     return proc.returncode, proc.stderr, time.time() - float(proc.stdout.split()[0])
 
 
@@ -30,13 +30,14 @@ def test_a_rank_without_progress_aborts_with_status_3_naming_where_it_was():
 
 
 def test_beats_keep_a_rank_alive():
+    """3 s of steps, each well within the timeout (5 s: a loaded machine may stall a process for a second)."""
     rc, err, _ = _run_watchdog("""
         dog.arm("step 0")
         for step in range(30):
             time.sleep(0.1)
             dog.beat(f"step {step}")
         dog.close()
-    """)
+    """, timeout_s=5)
     assert rc == 0, err
 
 
