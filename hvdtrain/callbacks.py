@@ -13,6 +13,7 @@ import sys
 import time
 from typing import List, Optional, Tuple
 
+from hvdtrain.errors import say
 from hvdtrain.files import replace_file
 
 
@@ -79,12 +80,9 @@ class EpochLine(Callback):
         self.epochs = epochs
 
     def on_epoch_end(self, epoch, m):
-        # The newline in the same write: with PYTHONUNBUFFERED (common in containers) print() writes
-        # it apart, and mpirun then tags it as a line of its own, after the epoch's line.
-        sys.stdout.write(f"epoch {epoch + 1:>3}/{self.epochs}  train loss {m['train_loss']:.4f} "
-                         f"acc {m['train_accuracy']:.4f}  test loss {m['test_loss']:.4f} acc {m['test_accuracy']:.4f}  "
-                         f"{m['images_per_sec']:,.0f} img/s  {m['epoch_time_s']:.1f} s  lr {m['lr']:.4g}\n")
-        sys.stdout.flush()
+        say(f"epoch {epoch + 1:>3}/{self.epochs}  train loss {m['train_loss']:.4f} acc {m['train_accuracy']:.4f}  "
+            f"test loss {m['test_loss']:.4f} acc {m['test_accuracy']:.4f}  {m['images_per_sec']:,.0f} img/s  "
+            f"{m['epoch_time_s']:.1f} s  lr {m['lr']:.4g}")
 
 
 def logged_epochs(path: str) -> List[Tuple[int, str]]:
@@ -208,8 +206,7 @@ def close_all(callbacks: List[Callback]) -> None:
         try:
             cb.close()
         except Exception as e:  # noqa: BLE001 -- reported, not raised (see above)
-            print(f"hvdtrain: warning: closing {type(cb).__name__} failed: {type(e).__name__}: {e}",
-                  file=sys.stderr, flush=True)
+            say(f"hvdtrain: warning: closing {type(cb).__name__} failed: {type(e).__name__}: {e}", sys.stderr)
 
 
 class Checkpointer(Callback):

@@ -94,6 +94,8 @@ class CheckpointManager:
         self.model = model
         self.keep = keep
         self._checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer)
+        if os.path.exists(directory) and not os.path.isdir(directory):
+            raise HvdtrainError(f"checkpoint directory {directory} is a file, not a directory (--checkpoint-dir)")
         try:
             os.makedirs(directory, exist_ok=True)
             probe = os.path.join(directory, f".write-test-{os.getpid()}")

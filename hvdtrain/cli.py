@@ -15,7 +15,7 @@ from typing import List, Optional
 from hvdtrain.config import (DATASETS, LR_SCHEDULES, CheckpointConfig, Config, DataConfig, ElasticConfig, LogConfig,
                              ModelConfig, OptimConfig, RuntimeConfig)
 from hvdtrain.dist import PeerFailure, PeerLost, current_rank, is_peer_loss, launcher_rank
-from hvdtrain.errors import HvdtrainError
+from hvdtrain.errors import HvdtrainError, say
 from hvdtrain.stop import (Terminated, defer_stop_signals, install_stop_handlers, restore_default_sigterm,
                            sigterm_received, stop_requested)
 
@@ -26,12 +26,12 @@ QUIET_EXIT_DELAY_S = 2.0
 
 
 class _RankAwareParser(argparse.ArgumentParser):
-    """argparse that prints usage errors from rank 0 only; every rank still exits with status 2."""
+    """argparse whose usage errors are one line (not its usage block), printed from rank 0 only;
+    every rank still exits with status 2."""
 
     def error(self, message):
         if launcher_rank() == 0:
-            self.print_usage(sys.stderr)
-            sys.stderr.write(f"{self.prog}: error: {message}\n")
+            say(f"{self.prog}: error: {message} (see {self.prog} --help)", sys.stderr)
             sys.exit(EXIT_ERROR)
         sys.exit(_quiet_exit())
 
@@ -186,7 +186,7 @@ def _exit_status(e: BaseException) -> Optional[int]:
             report = current_rank() == 0 or getattr(e, "rank_found", False) or alone
         if not report:
             return _quiet_exit()
-        print(f"hvdtrain: error: {e}", file=sys.stderr, flush=True)
+        say(f"hvdtrain: error: {e}", sys.stderr)
         if alone:
             os._exit(EXIT_ERROR)  # without Horovod's shutdown at exit, which would wait for the peers
         return EXIT_ERROR
@@ -195,7 +195,7 @@ def _exit_status(e: BaseException) -> Optional[int]:
     if isinstance(e, PeerLost):
         if not e.report:
             return _quiet_exit()
-        print(f"hvdtrain: error: {e}", file=sys.stderr, flush=True)
+        say(f"hvdtrain: error: {e}", sys.stderr)
         return EXIT_ERROR
     if getattr(e, "skip_horovod_shutdown", False):
         # This rank's own failure: its traceback is the message. Exit without Horovod's shutdown
@@ -207,8 +207,8 @@ def _exit_status(e: BaseException) -> Optional[int]:
         return None
     if current_rank() != 0:  # lost before the watchdog could be asked (start-up)
         return _quiet_exit()
-    print("hvdtrain: error: another rank failed or was lost, so Horovod shut down. The launcher names the "
-          "rank that failed first.", file=sys.stderr, flush=True)
+    say("hvdtrain: error: another rank failed or was lost, so Horovod shut down. The launcher names the "
+        "rank that failed first.", sys.stderr)
     return EXIT_ERROR
 
 
@@ -220,7 +220,7 @@ def _exit_interrupted(run_dir: Optional[str], terminated: bool) -> None:
         how = "stopped by SIGTERM (a launcher's Ctrl-C, or the scheduler)" if terminated else "interrupted"
         resume = (f"rerun the same command with --resume --log-dir {run_dir} to continue from the last one"
                   if run_dir else "nothing was written yet")
-        print(f"hvdtrain: {how}; the checkpoints written so far are complete: {resume}", file=sys.stderr, flush=True)
+        say(f"hvdtrain: {how}; the checkpoints written so far are complete: {resume}", sys.stderr)
     os._exit(EXIT_TERMINATED if terminated else EXIT_INTERRUPTED)
 
 

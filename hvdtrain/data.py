@@ -157,6 +157,9 @@ def load_npz(path: str) -> Dataset:
         HvdtrainError: for a missing or unreadable file, missing keys, object arrays (never
             unpickled), wrong dtypes or shapes (see :func:`validate`).
     """
+    if os.path.isdir(path):
+        raise HvdtrainError(f"--data-dir {path} is a directory; --dataset npz reads one .npz file (--dataset idx "
+                            f"reads a directory)")
     if not os.path.isfile(path):
         raise HvdtrainError(f"NPZ file {path} does not exist (--data-dir)")
     if not zipfile.is_zipfile(path):

@@ -13,7 +13,7 @@ from typing import Callable, Optional, Sequence, TypeVar
 
 import numpy as np
 
-from hvdtrain.errors import HvdtrainError
+from hvdtrain.errors import HvdtrainError, say
 from hvdtrain.watchdog import configure_horovod_stall_check, in_collective
 
 T = TypeVar("T")
@@ -432,7 +432,7 @@ def init_distributed(threads: int = 0, use_gpu: bool = True, stall_timeout: floa
     cores = _cpu_share(local_rank, local_size)
     binding = _launcher_binding_warning(cores)
     if binding and rank == 0:  # once per job: launchers bind every rank alike
-        print(binding, file=sys.stderr, flush=True)
+        say(binding, sys.stderr)
     if cores and len(cores) < len(os.sched_getaffinity(0)):
         # A user's HOROVOD_THREAD_AFFINITY makes Horovod place its background thread: leave it
         # there. MPI's helpers, started before Horovod places it, keep the process's cores and

@@ -37,6 +37,7 @@ from hvdtrain.checkpoint import CheckpointManager, check_resumable, require_chec
 from hvdtrain.config import Config
 from hvdtrain.data import data_mismatch
 from hvdtrain.dist import DistContext, PeerFailure, is_peer_loss
+from hvdtrain.errors import say
 from hvdtrain.models import set_dropout_rank
 from hvdtrain.optim import rescale_schedule
 from hvdtrain.sharding import ShardPlan
@@ -222,8 +223,8 @@ def train_elastic(config: Config, ctx: DistContext, dataset, fingerprint: dict, 
                 state.dir_checked = True
                 state.save()
             if here.is_chief:  # the rank-0 block
-                print(banner(here, config, dataset, plan, schedule, model, state.run_dir, ckpt_dir,
-                             state.epoch, plan.start_step(first_example=state.example)), flush=True)
+                say(banner(here, config, dataset, plan, schedule, model, state.run_dir, ckpt_dir,
+                           state.epoch, plan.start_step(first_example=state.example)))
             callbacks.append(cbs.ElasticCommit(state, plan, config.epochs))
             trainer = Trainer(here, model, optimizer, dataset, plan, log_every=config.log.log_every,
                               eval_batch_size=config.data.eval_batch_size, callbacks=callbacks, watchdog=watchdog,

@@ -1,5 +1,6 @@
-"""The one exception type hvdtrain raises for problems a user can fix, and a helper for its messages."""
-from typing import List
+"""The one exception type hvdtrain raises for problems a user can fix, and helpers for its messages."""
+import sys
+from typing import List, Optional, TextIO
 
 
 class HvdtrainError(Exception):
@@ -35,3 +36,14 @@ def describe_differences(ours: dict, theirs: dict, there: str, prefix: str = "")
         else:
             differences.append(f"{prefix}{key}: {mine!r} here, {other!r} {there}")
     return differences
+
+
+def say(text: str, stream: Optional[TextIO] = None) -> None:
+    """Write ``text`` and its newline in one write to ``stream`` (default: stdout), then flush.
+
+    With ``PYTHONUNBUFFERED`` (common in containers) ``print()`` writes the newline apart, and
+    ``mpirun``'s output tagging then makes it a line of its own, after the text.
+    """
+    stream = stream or sys.stdout
+    stream.write(text + "\n")
+    stream.flush()

@@ -11,7 +11,7 @@ from typing import Callable, Optional, Tuple
 
 import tensorflow as tf
 
-from hvdtrain.errors import HvdtrainError
+from hvdtrain.errors import HvdtrainError, say
 from hvdtrain.sync_bn import SyncBatchNormalization
 
 BUILTIN_MODELS = ("cnn", "resnet20")
@@ -251,8 +251,8 @@ def build_model(spec: str, input_shape: Tuple[int, int, int], num_classes: int, 
     random = sorted({type(m).__name__ for m in model.submodules
                      if isinstance(m, tf.keras.__internal__.layers.BaseRandomLayer)})
     if random and rank == 0:
-        print(f"hvdtrain: warning: --model {spec!r} has Keras random layers ({', '.join(random)}), whose random "
-              f"state is not among the model's variables: after --resume or an elastic reset their draws start "
-              f"over, so the run no longer equals an uninterrupted one (hvdtrain.models.SeededDropout keeps "
-              f"its state in the checkpoint)", file=sys.stderr, flush=True)
+        say(f"hvdtrain: warning: --model {spec!r} has Keras random layers ({', '.join(random)}), whose random "
+            f"state is not among the model's variables: after --resume or an elastic reset their draws start "
+            f"over, so the run no longer equals an uninterrupted one (hvdtrain.models.SeededDropout keeps "
+            f"its state in the checkpoint)", sys.stderr)
     return model

@@ -19,7 +19,7 @@ from hvdtrain.data import Dataset, data_mismatch, load_dataset
 from hvdtrain.dist import (DistContext, PeerFailure, PeerLost, current_rank, init_distributed, is_peer_loss,
                            launcher_rank)
 from hvdtrain.elastic import train_elastic
-from hvdtrain.errors import HvdtrainError, describe_differences
+from hvdtrain.errors import HvdtrainError, describe_differences, say
 from hvdtrain.models import build_model
 from hvdtrain.optim import build_optimizer
 from hvdtrain.sharding import ShardPlan, eval_shard
@@ -406,6 +406,8 @@ def open_run_dir(config: Config, run_dir: str, ckpt_dir: str, model, optimizer, 
     if fresh and os.path.isfile(metrics_file) and os.path.getsize(metrics_file):
         raise HvdtrainError(f"log directory {run_dir} already holds the metrics of another run (metrics.jsonl); "
                             f"pass --resume to continue that run, or choose another --log-dir")
+    if os.path.exists(run_dir) and not os.path.isdir(run_dir):
+        raise HvdtrainError(f"log directory {run_dir} is a file, not a directory (--log-dir)")
     try:
         os.makedirs(run_dir, exist_ok=True)
         with open(os.path.join(run_dir, ".write-test"), "w"):
@@ -484,7 +486,7 @@ def _open_checkpoints(config: Config, run_dir: str, ckpt_dir: str, model, optimi
     if config.epochs <= int(meta["epoch"]):  # evaluation only: fewer epochs asked for is no change to report
         changed = [c for c in changed if not c.startswith("epochs:")]
     if changed:  # allowed (a longer run, a lower rate), but the run is no longer the one checkpointed
-        print(f"--resume: settings changed since {os.path.basename(latest)}: {'; '.join(changed)}", flush=True)
+        say(f"--resume: settings changed since {os.path.basename(latest)}: {'; '.join(changed)}")
     return manager, (int(meta["epoch"]), int(meta.get("step_in_epoch", 0)), meta.get("epoch_sums"))
 
 
@@ -504,8 +506,8 @@ def start_without_checkpoint(ckpt_dir: str, run_dir: Optional[str]) -> None:
     if epochs > 1:
         raise HvdtrainError(f"--resume: no checkpoint in {ckpt_dir}, but {metrics_file} records {epochs} epochs: "
                             f"that run's checkpoints were removed; choose another --log-dir to start over")
-    print(f"--resume: no checkpoint in {ckpt_dir} yet (the run stopped before its first save); "
-          f"starting from the beginning", flush=True)
+    say(f"--resume: no checkpoint in {ckpt_dir} yet (the run stopped before its first save); "
+        f"starting from the beginning")
 
 
 def _changed_settings(config: Config, saved: Optional[dict]) -> List[str]:
@@ -709,8 +711,7 @@ def run(config: Config) -> dict:
 
         # 7. Rank-0 side effects: banner, progress, logs, checkpoints -- the one chief-only block.
         if ctx.is_chief:
-            print(banner(ctx, config, dataset, plan, schedule, model, run_dir, ckpt_dir, start_epoch, start_step),
-                  flush=True)
+            say(banner(ctx, config, dataset, plan, schedule, model, run_dir, ckpt_dir, start_epoch, start_step))
             meta = {"model": config.model.name, **layout, "config": config.to_dict()}
             callbacks = chief_callbacks(config, run_dir, manager, plan, optimizer, meta)
 
@@ -722,7 +723,7 @@ def run(config: Config) -> dict:
         metrics = trainer.fit(start_epoch, config.epochs, start_step=start_step, start_sums=start_sums,
                               checkpoint_every=config.checkpoint.every_steps)
         if ctx.is_chief and "train_loss" not in metrics:
-            print(f"test loss {metrics['test_loss']:.4f} acc {metrics['test_accuracy']:.4f}", flush=True)
+            say(f"test loss {metrics['test_loss']:.4f} acc {metrics['test_accuracy']:.4f}")
         return metrics
     except PeerFailure:
         defer_stop_signals()  # from here on, while this rank reports how it ends, SIGTERM is only recorded

@@ -21,8 +21,10 @@ case "$mode" in
   # horovodrun driving OpenMPI underneath.
   mpi)    exec "$VENV/bin/horovodrun" -np "$NP" --mpi "$PY" -m hvdtrain $ARGS "$@" ;;
   # Plain mpirun: each rank learns rank/size from OpenMPI. -bind-to none lets hvdtrain give each
-  # rank its own slice of cores; root needs --allow-run-as-root.
-  mpirun) exec mpirun -np "$NP" -bind-to none -map-by slot --allow-run-as-root \
+  # rank its own slice of cores; --oversubscribe allows more ranks than cores (they share them, as
+  # under horovodrun, which gives this host NP slots); root needs --allow-run-as-root.
+  mpirun) exec mpirun -np "$NP" -bind-to none -map-by slot --oversubscribe --allow-run-as-root \
             -x PATH ${LD_LIBRARY_PATH:+-x LD_LIBRARY_PATH} -x TF_CPP_MIN_LOG_LEVEL "$PY" -m hvdtrain $ARGS "$@" ;;
-  *) echo "usage: $0 [mpi|gloo|mpirun] [hvdtrain flags...]" >&2; exit 2 ;;
+  *) echo "$0: unknown mode '$mode': the first argument is mpi, gloo or mpirun; hvdtrain flags follow it" >&2
+     exit 2 ;;
 esac

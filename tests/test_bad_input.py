@@ -50,6 +50,12 @@ def blocked(tmp):
     return str(tmp / "a-file" / "sub")
 
 
+def a_file(tmp):
+    """A regular file where a directory is expected."""
+    (tmp / "a-file").write_text("not a directory")
+    return str(tmp / "a-file")
+
+
 def resume_from(tmp, trained_run, model="tests.models:mlp", truncate=False, step_in_epoch=None):
     run_dir = tmp / "resumed"
     shutil.copytree(trained_run, run_dir)
@@ -113,6 +119,10 @@ CASES = [
     ("model function calls sys.exit(0)", lambda t, r: [*SYNTHETIC, "--model", "tests.models:exits"],
      "--model 'tests.models:exits': the function raised SystemExit: 0"),
     ("unwritable log directory", lambda t, r: [*SYNTHETIC, *MLP, "--log-dir", blocked(t)], "is not writable"),
+    ("log directory is a file", lambda t, r: [*SYNTHETIC, *MLP, "--log-dir", a_file(t)],
+     "is a file, not a directory (--log-dir)"),
+    ("NPZ path is a directory", lambda t, r: ["--dataset", "npz", "--data-dir", str(t), *MLP],
+     "is a directory; --dataset npz reads one .npz file (--dataset idx reads a directory)"),
     ("unwritable checkpoint directory", lambda t, r: [*SYNTHETIC, *MLP, "--log-dir", str(t / "new-run"),
                                                       "--checkpoint-dir", blocked(t)], "is not writable"),
     ("a new run into a log directory with another run's metrics",  # the earlier run below sits in t / "run"
@@ -181,6 +191,7 @@ def test_bad_input(tmp_path, make_args, message, request):
     assert output.count(message) == 1, f"expected {message!r} once:\n{output[-3000:]}"
     assert message in proc.stderr
     assert not re.search(r"\[\d+\]<stderr>:Traceback", output), "a rank printed a traceback"
+    assert "usage:" not in output, "argparse's usage block, not one line"
     assert snapshot(tmp_path) == before, "files on disk changed"
 
 

@@ -1,6 +1,7 @@
 """The command line with real ranks: help, argument errors, the real job end to end, resume."""
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -221,8 +222,12 @@ def test_a_last_global_batch_smaller_than_the_world_size_trains(tmp_path, norm):
 
 def test_default_job_one_epoch_on_fashion_mnist(tmp_path):
     """README's first command for one epoch: horovodrun over MPI (its default here), the default
-    model and data, every flag at its default."""
-    hvdtrain(2, ["--epochs", "1", "--no-progress", "--log-dir", str(tmp_path)], launcher="horovodrun-mpi", timeout=600)
+    model and data, every flag at its default. mpirun tags each chunk of a rank's output: every
+    line is written whole, so no tag lands after a line's text."""
+    result = hvdtrain(2, ["--epochs", "1", "--no-progress", "--log-dir", str(tmp_path)], launcher="horovodrun-mpi",
+                      timeout=600)
+    assert "<stdout>:epoch   1/1  train loss" in result.stdout
+    assert not re.search(r"\S\[\d+,\d+\]<std(out|err)>:", result.stdout + result.stderr), result.stdout
     last = metrics(tmp_path)[-1]
     assert last["world_size"] == 2 and last["train_examples"] == 60000
     assert last["test_accuracy"] >= 0.85
