@@ -25,7 +25,7 @@ from typing import Optional
 import tensorflow as tf
 
 from hvdtrain.errors import HvdtrainError, describe_differences
-from hvdtrain.files import fsync_dir
+from hvdtrain.files import file_in_the_way, fsync_dir
 
 _NAME = re.compile(r"^ckpt-(\d{6,})$")
 FORMAT_VERSION = 1
@@ -69,8 +69,17 @@ def require_checkpoint_dir(directory: str) -> None:
     Raises:
         HvdtrainError: naming the directory.
     """
+    _refuse_a_file(directory)
     if not os.path.isdir(directory):
         raise HvdtrainError(f"--resume: no checkpoint directory {directory} (check --log-dir/--checkpoint-dir)")
+
+
+def _refuse_a_file(directory: str) -> None:
+    """Raise HvdtrainError if the checkpoint directory, or a directory above it, is a file."""
+    blocking = file_in_the_way(directory)
+    if blocking:
+        raise HvdtrainError(f"checkpoint directory {directory}: {blocking} is a file, not a directory "
+                            f"(check --log-dir/--checkpoint-dir)")
 
 
 class CheckpointManager:
@@ -94,8 +103,7 @@ class CheckpointManager:
         self.model = model
         self.keep = keep
         self._checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer)
-        if os.path.exists(directory) and not os.path.isdir(directory):
-            raise HvdtrainError(f"checkpoint directory {directory} is a file, not a directory (--checkpoint-dir)")
+        _refuse_a_file(directory)
         try:
             os.makedirs(directory, exist_ok=True)
             probe = os.path.join(directory, f".write-test-{os.getpid()}")

@@ -131,6 +131,9 @@ def load_idx_dir(data_dir: str) -> Dataset:
         HvdtrainError: for a missing directory or file, a corrupt file, or inconsistent contents
             (see :func:`validate`).
     """
+    if os.path.isfile(data_dir):
+        raise HvdtrainError(f"--data-dir {data_dir} is a file; --dataset idx (the default) reads a directory of IDX "
+                            f"files (--dataset npz reads one .npz file)")
     if not os.path.isdir(data_dir):
         raise HvdtrainError(f"data directory {data_dir} does not exist (--data-dir)")
     arrays = {key: read_idx(_find_idx(data_dir, stem)) for key, stem in _IDX_FILES.items()}

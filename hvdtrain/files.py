@@ -1,5 +1,17 @@
 """Durable file writes: a file or a save appears whole, by rename, and survives a power loss."""
 import os
+from typing import Optional
+
+
+def file_in_the_way(directory: str) -> Optional[str]:
+    """The path of ``directory``, or of a directory above it, that is a regular file (so no
+    directory can be made there), or None."""
+    path = os.path.abspath(directory)
+    while path != os.path.dirname(path):
+        if os.path.isfile(path):
+            return path
+        path = os.path.dirname(path)
+    return None
 
 
 def fsync_dir(path: str) -> None:

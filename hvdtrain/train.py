@@ -20,6 +20,7 @@ from hvdtrain.dist import (DistContext, PeerFailure, PeerLost, current_rank, ini
                            launcher_rank)
 from hvdtrain.elastic import train_elastic
 from hvdtrain.errors import HvdtrainError, describe_differences, say
+from hvdtrain.files import file_in_the_way
 from hvdtrain.models import build_model
 from hvdtrain.optim import build_optimizer
 from hvdtrain.sharding import ShardPlan, eval_shard
@@ -406,8 +407,9 @@ def open_run_dir(config: Config, run_dir: str, ckpt_dir: str, model, optimizer, 
     if fresh and os.path.isfile(metrics_file) and os.path.getsize(metrics_file):
         raise HvdtrainError(f"log directory {run_dir} already holds the metrics of another run (metrics.jsonl); "
                             f"pass --resume to continue that run, or choose another --log-dir")
-    if os.path.exists(run_dir) and not os.path.isdir(run_dir):
-        raise HvdtrainError(f"log directory {run_dir} is a file, not a directory (--log-dir)")
+    blocking = file_in_the_way(run_dir)
+    if blocking:
+        raise HvdtrainError(f"log directory {run_dir}: {blocking} is a file, not a directory (--log-dir)")
     try:
         os.makedirs(run_dir, exist_ok=True)
         with open(os.path.join(run_dir, ".write-test"), "w"):

@@ -131,10 +131,10 @@ def test_a_corrupt_latest_checkpoint_names_the_one_before_it(tmp_path):
     assert fresh.restore_latest()[1]["epoch"] == 1
 
 
-def test_unwritable_directory(tmp_path):
+def test_a_directory_under_a_file_is_refused_naming_the_file(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("x")
-    with pytest.raises(HvdtrainError, match="not writable"):
+    with pytest.raises(HvdtrainError, match=f"checkpoint directory {blocker}/sub: {blocker} is a file, not a directory"):
         CheckpointManager(str(blocker / "sub"), *model_and_optimizer())
 
 
