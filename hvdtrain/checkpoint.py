@@ -25,7 +25,7 @@ from typing import Optional
 import tensorflow as tf
 
 from hvdtrain.errors import HvdtrainError, describe_differences
-from hvdtrain.files import file_in_the_way, fsync_dir
+from hvdtrain.files import fsync_dir, refuse_a_file_in_the_way
 
 _NAME = re.compile(r"^ckpt-(\d{6,})$")
 FORMAT_VERSION = 1
@@ -76,10 +76,7 @@ def require_checkpoint_dir(directory: str) -> None:
 
 def _refuse_a_file(directory: str) -> None:
     """Raise HvdtrainError if the checkpoint directory, or a directory above it, is a file."""
-    blocking = file_in_the_way(directory)
-    if blocking:
-        raise HvdtrainError(f"checkpoint directory {directory}: {blocking} is a file, not a directory "
-                            f"(check --log-dir/--checkpoint-dir)")
+    refuse_a_file_in_the_way(directory, "checkpoint directory", "check --log-dir/--checkpoint-dir")
 
 
 class CheckpointManager:

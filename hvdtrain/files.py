@@ -1,17 +1,21 @@
 """Durable file writes: a file or a save appears whole, by rename, and survives a power loss."""
 import os
-from typing import Optional
+
+from hvdtrain.errors import HvdtrainError
 
 
-def file_in_the_way(directory: str) -> Optional[str]:
-    """The path of ``directory``, or of a directory above it, that is a regular file (so no
-    directory can be made there), or None."""
+def refuse_a_file_in_the_way(directory: str, what: str, flags: str) -> None:
+    """Refuse ``directory`` if it, or a directory above it, is a regular file (no directory can
+    be made there).
+
+    Raises:
+        HvdtrainError: ``"<what> <directory>: <the file> is a file, not a directory (<flags>)"``.
+    """
     path = os.path.abspath(directory)
     while path != os.path.dirname(path):
         if os.path.isfile(path):
-            return path
+            raise HvdtrainError(f"{what} {directory}: {path} is a file, not a directory ({flags})")
         path = os.path.dirname(path)
-    return None
 
 
 def fsync_dir(path: str) -> None:

@@ -35,8 +35,8 @@ class SyncBatchNormalization(tf.keras.layers.Layer):
     ``x - K`` and ``(x - K)²`` around a shift ``K`` identical on every rank (the moving mean,
     gradient stopped): for channels-last inputs on a CPU-only process in one pass with float64
     accumulation (hvdtrain's kernels), elsewhere from two-pass local moments in the compute dtype
-    (mean ``m_r``, then sums of ``d = x - m_r`` and ``d²``) re-expressed around ``K``. The sums and the count are summed over
-    ranks in one float64 allreduce. The global mean and variance follow without catastrophic
+    (mean ``m_r``, then sums of ``d = x - m_r`` and ``d²``) re-expressed around ``K``. The sums
+    and the count are summed over ranks in one float64 allreduce. The global mean and variance follow without catastrophic
     cancellation: float64 leaves ~1e-16·(mean-K)²/var relative error in the variance, so data with
     mean 1e4 and std 1 on the first step (``K = 0``) loses nothing
     (Chan, Golub & LeVeque 1983, "Algorithms for computing the sample variance"; the shifted-data

@@ -20,7 +20,7 @@ from hvdtrain.dist import (DistContext, PeerFailure, PeerLost, current_rank, ini
                            launcher_rank)
 from hvdtrain.elastic import train_elastic
 from hvdtrain.errors import HvdtrainError, describe_differences, say
-from hvdtrain.files import file_in_the_way
+from hvdtrain.files import refuse_a_file_in_the_way
 from hvdtrain.models import build_model
 from hvdtrain.optim import build_optimizer
 from hvdtrain.sharding import ShardPlan, eval_shard
@@ -362,7 +362,8 @@ class Trainer:
                     cb.on_step_end(epoch, step, running)
             sums, non_finite = self._sums_and_state("hvdtrain.train")
             elapsed = time.perf_counter() - start  # up to the epoch's last update and its metrics' allreduce
-            train = self._check_saveable(sums, non_finite, epoch, steps - 1)  # before the evaluation, which NaN weights spoil
+            # Checked before the evaluation, which NaN weights would spoil.
+            train = self._check_saveable(sums, non_finite, epoch, steps - 1)
             test = self.evaluate()
             if not np.isfinite(test["loss"]):  # finite variables, but outputs that overflow
                 raise self._diverged(f"the global test loss is {test['loss']} after epoch {epoch + 1}")
@@ -407,9 +408,7 @@ def open_run_dir(config: Config, run_dir: str, ckpt_dir: str, model, optimizer, 
     if fresh and os.path.isfile(metrics_file) and os.path.getsize(metrics_file):
         raise HvdtrainError(f"log directory {run_dir} already holds the metrics of another run (metrics.jsonl); "
                             f"pass --resume to continue that run, or choose another --log-dir")
-    blocking = file_in_the_way(run_dir)
-    if blocking:
-        raise HvdtrainError(f"log directory {run_dir}: {blocking} is a file, not a directory (--log-dir)")
+    refuse_a_file_in_the_way(run_dir, "log directory", "--log-dir")
     try:
         os.makedirs(run_dir, exist_ok=True)
         with open(os.path.join(run_dir, ".write-test"), "w"):
