@@ -250,35 +250,103 @@ def _machine_slot(max_slots: int = 256) -> int:
     raise HvdtrainError(f"more than {max_slots} hvdtrain workers on this machine")
 
 
-def _cpu_share(local_rank: int, local_size: int) -> tuple:
-    """The CPU cores this local rank should use: its own slice of the cores it may run on.
-
-    The cores this process may run on (a container's cpuset, or all of the host's) are split into
-    ``local_size`` equal contiguous slices, one per local rank. With fewer cores than local ranks
-    -- oversubscribed, or already bound to a core each by the launcher (``mpirun --bind-to core``)
-    -- the process keeps the cores it has.
-    """
-    available = sorted(os.sched_getaffinity(0))
-    if local_size > len(available):
-        return tuple(available)
-    per_rank = len(available) // local_size
-    return tuple(available[local_rank * per_rank:(local_rank + 1) * per_rank])
+def _parse_cpu_list(text: str) -> frozenset:
+    """The cores of a Linux CPU list such as ``0-3,8,10-11`` (cpuset and sysfs format)."""
+    cores = set()
+    for part in text.strip().split(","):
+        if part:
+            first, _, last = part.partition("-")
+            cores.update(range(int(first), int(last or first) + 1))
+    return frozenset(cores)
 
 
-def _launcher_binding_warning(cores) -> Optional[str]:
-    """A warning when OpenMPI's ``mpirun`` bound this process to cores at launch (its default: each
-    rank to one core for up to 2 ranks, to a socket above), which hvdtrain cannot undo: it splits
-    only the cores a process may run on, so a rank keeps one core on a many-core host, or shares a
-    socket's share with another rank. None when the launcher did not bind it.
+def _host_cores() -> frozenset:
+    """The cores the job may use on this host: the cpuset of this process's cgroup (v2, else v1),
+    or every online core where neither can be read. A launcher's binding narrows a process's
+    affinity within this set; a container's or a Slurm job's cpuset is this set."""
+    candidates = []
+    try:
+        with open("/proc/self/cgroup") as f:
+            for line in f:
+                _, controllers, path = line.rstrip("\n").split(":", 2)
+                if controllers == "":
+                    candidates.append(f"/sys/fs/cgroup{path.rstrip('/')}/cpuset.cpus.effective")
+                elif "cpuset" in controllers.split(","):
+                    candidates.append(f"/sys/fs/cgroup/cpuset{path.rstrip('/')}/cpuset.effective_cpus")
+    except (OSError, ValueError):
+        pass
+    for path in candidates + ["/sys/devices/system/cpu/online"]:
+        try:
+            with open(path) as f:
+                cores = _parse_cpu_list(f.read())
+        except (OSError, ValueError):
+            continue
+        if cores:
+            return cores
+    return frozenset(os.sched_getaffinity(0))
+
+
+def _launcher_binding() -> Optional[str]:
+    """The launcher that bound this process to cores at start, if one did: ``"mpirun"`` (OpenMPI
+    2-4 set ``OMPI_MCA_orte_bound_at_launch=1`` on a rank they bound; their default binds each rank
+    to a core for up to 2 ranks, to a socket or NUMA node above) or ``"srun"`` (Slurm sets
+    ``SLURM_CPU_BIND_TYPE`` to the binding it applied, ``none`` for none). None otherwise."""
+    if os.environ.get("OMPI_MCA_orte_bound_at_launch") == "1":
+        return "mpirun"
+    slurm = os.environ.get("SLURM_CPU_BIND_TYPE", "").replace("verbose", "").replace("quiet", "").strip(",")
+    if slurm and not slurm.startswith("none"):
+        return "srun"
+    return None
+
+
+def _cpu_share(local_rank: int, local_size: int, own, host_cores, bound: bool) -> tuple:
+    """The CPU cores this local rank should use: cores of its own, never another local rank's.
+
+    - Bound by its launcher to at most its fair share of the host (``len(host_cores) //
+      local_size`` cores or fewer: ``mpirun --bind-to core``, ``--map-by slot:PE=n``, ``srun
+      --cpu-bind=cores``), a rank keeps the cores it was given: the launcher gave every rank its
+      own.
+    - Otherwise (not bound, or bound to a socket or NUMA node that other ranks share), the cores
+      it may run on are split into ``local_size`` equal contiguous slices, and it keeps the one at
+      its local rank. Ranks that may all run on the same cores (a container's cpuset, all of the
+      host's, a ``taskset`` around the launcher) so get disjoint shares that cover the cores.
+    - With fewer cores than local ranks (oversubscribed), it keeps the cores it has.
 
     Args:
+        local_rank, local_size: this rank's index among the ranks on its host, and their number.
+        own: the cores this process may run on now (``os.sched_getaffinity(0)``).
+        host_cores: the cores the job may use on this host (:func:`_host_cores`).
+        bound: whether the launcher bound this process (:func:`_launcher_binding`).
+
+    Returns:
+        The cores (ints, ascending).
+    """
+    own = sorted(own)
+    if bound and len(own) * local_size <= len(set(host_cores) | set(own)):
+        return tuple(own)
+    if local_size > len(own):
+        return tuple(own)
+    per_rank = len(own) // local_size
+    return tuple(own[local_rank * per_rank:(local_rank + 1) * per_rank])
+
+
+def _launcher_binding_warning(launcher: Optional[str], own, cores) -> Optional[str]:
+    """A warning when the launcher bound this rank to more cores than its share, cores that other
+    ranks on its host may have been bound to as well (a socket or NUMA node): hvdtrain then keeps
+    a slice of them (:func:`_cpu_share`), which may leave other cores of the host idle. None
+    when the launcher did not bind the rank, or bound it to cores of its own.
+
+    Args:
+        launcher: :func:`_launcher_binding`'s answer.
+        own: the cores the launcher bound this process to.
         cores: the cores this rank keeps (:func:`_cpu_share`).
     """
-    if os.environ.get("OMPI_MCA_orte_bound_at_launch") != "1":  # set by OpenMPI 2-4 on a rank it bound
+    if launcher is None or len(cores) == len(own):
         return None
-    return (f"hvdtrain: warning: mpirun bound this rank to {len(os.sched_getaffinity(0))} core(s), and it keeps "
-            f"{len(cores)}; hvdtrain gives each rank its own share of the host's cores itself: start mpirun "
-            f"with -bind-to none -map-by slot (horovodrun does)")
+    fix = "-bind-to none -map-by slot (horovodrun does)" if launcher == "mpirun" else "--cpu-bind=none"
+    return (f"hvdtrain: warning: {launcher} bound this rank to {len(own)} core(s) that other ranks on its host may "
+            f"share, and it keeps {len(cores)}, so some of the host's cores may stay idle; hvdtrain gives each "
+            f"rank its own share of the host's cores itself: start {launcher} with {fix}")
 
 
 def _thread_ids() -> set:
@@ -426,14 +494,15 @@ def init_distributed(threads: int = 0, use_gpu: bool = True, stall_timeout: floa
         device = "/CPU:0"
 
     # CPU threads: ranks on one host split its cores instead of each starting a thread per core,
-    # which would oversubscribe the host local_size times over. Every thread of the rank is
-    # confined to its share, Horovod's background loop included, so no rank computes or polls on
-    # another rank's cores.
-    cores = _cpu_share(local_rank, local_size)
-    binding = _launcher_binding_warning(cores)
+    # which would oversubscribe the host local_size times over; a rank its launcher bound to cores
+    # of its own keeps those. Every thread of the rank is confined to its share, Horovod's
+    # background loop included, so no rank computes or polls on another rank's cores.
+    own, launcher = os.sched_getaffinity(0), _launcher_binding()
+    cores = _cpu_share(local_rank, local_size, own, _host_cores(), bound=launcher is not None)
+    binding = _launcher_binding_warning(launcher, own, cores)
     if binding and rank == 0:  # once per job: launchers bind every rank alike
         say(binding, sys.stderr)
-    if cores and len(cores) < len(os.sched_getaffinity(0)):
+    if cores and len(cores) < len(own):
         # A user's HOROVOD_THREAD_AFFINITY makes Horovod place its background thread: leave it
         # there. MPI's helpers, started before Horovod places it, keep the process's cores and
         # are pinned with the rest.

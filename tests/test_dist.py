@@ -9,6 +9,8 @@ import sys
 
 import pytest
 
+from hvdtrain.dist import (_cpu_share, _host_cores, _launcher_binding, _launcher_binding_warning,
+                           _parse_cpu_list)
 from tests.ranks import MPIRUN, REPO, rank_env, run_ranks
 
 
@@ -67,21 +69,98 @@ def test_a_users_horovod_thread_affinity_is_left_alone():
         assert r["threads_elsewhere"] == 1, r  # Horovod's background thread alone; MPI's helpers are pinned
 
 
-def test_a_rank_mpirun_bound_at_launch_says_how_to_start_it():
-    """mpirun's default binding (each of 2 ranks to one core) is kept, and rank 0 says once, on
-    stderr, to start mpirun with -bind-to none (with it, tests/test_cli.py's mpirun run says nothing)."""
+def _mpirun_with_its_own_binding(*binding) -> list:
+    """MPIRUN without its ``--bind-to none`` and ``--oversubscribe``: OpenMPI's default binding, or
+    the ``binding`` options given."""
+    at = MPIRUN.index("--bind-to")
+    return [a for a in MPIRUN[:at] + MPIRUN[at + 2:] if a != "--oversubscribe"] + list(binding)
+
+
+def test_a_rank_mpirun_bound_to_a_core_of_its_own_keeps_it_and_nothing_is_said():
+    """OpenMPI's default binding for 2 ranks (each to one core) gives every rank cores of its own:
+    hvdtrain keeps them and has nothing to warn about."""
     if len(os.sched_getaffinity(0)) < 2:
         pytest.skip("needs 2 cores for mpirun to bind each of 2 ranks to one without oversubscribing")
-    binding = MPIRUN.index("--bind-to")
-    mpirun = [a for a in MPIRUN[:binding] + MPIRUN[binding + 2:] if a != "--oversubscribe"]  # OpenMPI's defaults
-    proc = subprocess.run([*mpirun, "-np", "2", sys.executable, "-m", "tests.workers.thread_placement"], cwd=REPO,
-                          env=rank_env(), capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([*_mpirun_with_its_own_binding(), "-np", "2", sys.executable, "-m",
+                           "tests.workers.thread_placement"], cwd=REPO, env=rank_env(), capture_output=True,
+                          text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    said = "hvdtrain: warning: mpirun bound this rank to 1 core(s), and it keeps 1; hvdtrain gives each rank its " \
-           "own share of the host's cores itself: start mpirun with -bind-to none -map-by slot (horovodrun does)"
-    assert proc.stderr.count(said) == 1, proc.stderr[-3000:]
+    assert "warning" not in proc.stderr, proc.stderr[-3000:]
     ranks = _parse_placements(proc.stdout)
     assert [len(r["cores"]) for r in ranks] == [1, 1], ranks
+    assert not set(ranks[0]["cores"]) & set(ranks[1]["cores"]), ranks
+    for r in ranks:
+        assert r["thread_cores"] == r["cores"], r
+
+
+def _sockets(cores) -> set:
+    """The physical packages (sockets) of ``cores``."""
+    found = set()
+    for core in cores:
+        with open(f"/sys/devices/system/cpu/cpu{core}/topology/physical_package_id") as f:
+            found.add(f.read().strip())
+    return found
+
+
+def test_ranks_mpirun_bound_to_one_shared_socket_are_split_and_rank_0_says_so():
+    """``--bind-to socket`` binds both ranks to the same cores (this host's one socket): they are
+    split between the ranks, and rank 0 says once, on stderr, how to start mpirun instead."""
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2:
+        pytest.skip("needs 2 cores to give each of 2 ranks its own")
+    if len(_sockets(cores)) > 1:
+        pytest.skip("mpirun would bind the ranks to different sockets")
+    proc = subprocess.run([*_mpirun_with_its_own_binding("--bind-to", "socket"), "-np", "2", sys.executable,
+                           "-m", "tests.workers.thread_placement"], cwd=REPO, env=rank_env(),
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ranks = _parse_placements(proc.stdout)
+    assert not set(ranks[0]["cores"]) & set(ranks[1]["cores"]), ranks
+    said = "hvdtrain: warning: mpirun bound this rank to"
+    assert proc.stderr.count(said) == 1, proc.stderr[-3000:]
+    assert "start mpirun with -bind-to none -map-by slot" in proc.stderr, proc.stderr[-3000:]
+
+
+@pytest.mark.parametrize("local_rank, local_size, own, host, bound, share", [
+    (1, 4, range(8), range(8), False, (2, 3)),             # nothing bound: one slice per rank
+    (1, 2, range(4), range(16), False, (2, 3)),            # taskset -c 0-3 around the launcher: split
+    (3, 4, range(2), range(8), False, (0, 1)),             # fewer cores than ranks: keep them
+    (1, 2, [1], range(2), True, (1,)),                     # mpirun --bind-to core: keep the core
+    (2, 4, range(8, 12), range(16), True, (8, 9, 10, 11)),  # --map-by slot:PE=4 / srun --cpu-bind=cores
+    (2, 4, range(8), range(16), True, (4, 5)),             # one socket, shared by 2 of the 4 ranks: split
+    (1, 2, range(2), range(2), True, (1,)),                # --bind-to socket on a one-socket host
+])
+def test_cpu_share(local_rank, local_size, own, host, bound, share):
+    assert _cpu_share(local_rank, local_size, set(own), frozenset(host), bound) == share
+
+
+def test_launcher_binding_warning_only_for_a_binding_cut_down():
+    assert _launcher_binding_warning(None, {0, 1}, (1,)) is None
+    assert _launcher_binding_warning("mpirun", {3}, (3,)) is None
+    said = _launcher_binding_warning("srun", set(range(8)), (4, 5))
+    assert said.startswith("hvdtrain: warning: srun bound this rank to 8 core(s) that other ranks on its host "
+                           "may share, and it keeps 2"), said
+    assert said.endswith("start srun with --cpu-bind=none"), said
+
+
+@pytest.mark.parametrize("env, launcher", [
+    ({}, None),
+    ({"OMPI_MCA_orte_bound_at_launch": "1"}, "mpirun"),
+    ({"SLURM_CPU_BIND_TYPE": "mask_cpu:"}, "srun"),
+    ({"SLURM_CPU_BIND_TYPE": "quiet,none"}, None),
+    ({"SLURM_CPU_BIND_TYPE": "none"}, None),
+])
+def test_launcher_binding_from_the_launchers_environment(monkeypatch, env, launcher):
+    for name in ("OMPI_MCA_orte_bound_at_launch", "SLURM_CPU_BIND_TYPE"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert _launcher_binding() == launcher
+
+
+def test_parse_cpu_list_and_host_cores():
+    assert _parse_cpu_list("0-3,8,10-11\n") == {0, 1, 2, 3, 8, 10, 11}
+    assert set(os.sched_getaffinity(0)) <= _host_cores()  # this process runs within its cgroup's cpuset
 
 
 def test_current_rank_is_the_launchers_until_horovod_runs_then_horovods():
