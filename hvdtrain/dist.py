@@ -250,103 +250,117 @@ def _machine_slot(max_slots: int = 256) -> int:
     raise HvdtrainError(f"more than {max_slots} hvdtrain workers on this machine")
 
 
-def _parse_cpu_list(text: str) -> frozenset:
-    """The cores of a Linux CPU list such as ``0-3,8,10-11`` (cpuset and sysfs format)."""
-    cores = set()
-    for part in text.strip().split(","):
-        if part:
-            first, _, last = part.partition("-")
-            cores.update(range(int(first), int(last or first) + 1))
-    return frozenset(cores)
-
-
-def _host_cores() -> frozenset:
-    """The cores the job may use on this host: the cpuset of this process's cgroup (v2, else v1),
-    or every online core where neither can be read. A launcher's binding narrows a process's
-    affinity within this set; a container's or a Slurm job's cpuset is this set."""
-    candidates = []
+def _machine_id() -> str:
+    """Identifies this machine (the kernel's boot id: containers on one machine share it and its
+    cores), or its hostname where the boot id cannot be read."""
     try:
-        with open("/proc/self/cgroup") as f:
-            for line in f:
-                _, controllers, path = line.rstrip("\n").split(":", 2)
-                if controllers == "":
-                    candidates.append(f"/sys/fs/cgroup{path.rstrip('/')}/cpuset.cpus.effective")
-                elif "cpuset" in controllers.split(","):
-                    candidates.append(f"/sys/fs/cgroup/cpuset{path.rstrip('/')}/cpuset.effective_cpus")
-    except (OSError, ValueError):
-        pass
-    for path in candidates + ["/sys/devices/system/cpu/online"]:
-        try:
-            with open(path) as f:
-                cores = _parse_cpu_list(f.read())
-        except (OSError, ValueError):
-            continue
-        if cores:
-            return cores
-    return frozenset(os.sched_getaffinity(0))
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        import socket
+
+        return socket.gethostname()
 
 
-def _launcher_binding() -> Optional[str]:
-    """The launcher that bound this process to cores at start, if one did: ``"mpirun"`` (OpenMPI
-    2-4 set ``OMPI_MCA_orte_bound_at_launch=1`` on a rank they bound; their default binds each rank
-    to a core for up to 2 ranks, to a socket or NUMA node above) or ``"srun"`` (Slurm sets
-    ``SLURM_CPU_BIND_TYPE`` to the binding it applied, ``none`` for none). None otherwise."""
-    if os.environ.get("OMPI_MCA_orte_bound_at_launch") == "1":
-        return "mpirun"
-    slurm = os.environ.get("SLURM_CPU_BIND_TYPE", "").replace("verbose", "").replace("quiet", "").strip(",")
-    if slurm and not slurm.startswith("none"):
-        return "srun"
-    return None
+def _launch_cores() -> frozenset:
+    """The cores this process's parent may run on (the launcher or its daemon: ``mpirun``,
+    ``orted``, ``slurmstepd``, ``horovodrun``), which a launcher's binding of this process narrows;
+    this process's own where the parent's cannot be read."""
+    try:
+        return frozenset(os.sched_getaffinity(os.getppid()))
+    except OSError:
+        return frozenset(os.sched_getaffinity(0))
 
 
-def _cpu_share(local_rank: int, local_size: int, own, host_cores, bound: bool) -> tuple:
-    """The CPU cores this local rank should use: cores of its own, never another local rank's.
+def _slice(cores, index: int, count: int) -> tuple:
+    """Slice ``index`` of ``count`` equal contiguous slices of ``cores`` (all of them when there
+    are fewer cores than slices: oversubscribed)."""
+    cores = sorted(cores)
+    if count > len(cores):
+        return tuple(cores)
+    per_rank = len(cores) // count
+    return tuple(cores[index * per_rank:(index + 1) * per_rank])
 
-    - Bound by its launcher to at most its fair share of the host (``len(host_cores) //
-      local_size`` cores or fewer: ``mpirun --bind-to core``, ``--map-by slot:PE=n``, ``srun
-      --cpu-bind=cores``), a rank keeps the cores it was given: the launcher gave every rank its
-      own.
-    - Otherwise (not bound, or bound to a socket or NUMA node that other ranks share), the cores
-      it may run on are split into ``local_size`` equal contiguous slices, and it keeps the one at
-      its local rank. Ranks that may all run on the same cores (a container's cpuset, all of the
-      host's, a ``taskset`` around the launcher) so get disjoint shares that cover the cores.
-    - With fewer cores than local ranks (oversubscribed), it keeps the cores it has.
+
+def _cpu_share(index: int, bindings: Sequence) -> tuple:
+    """The CPU cores a rank should use: cores of its own, never another rank's on its machine.
+
+    Ranks whose launcher let them run on the same cores (all of a host's, a container's cpuset, a
+    ``taskset`` around the launcher, or one socket that ``mpirun --bind-to socket`` bound several
+    ranks to) split those cores into equal contiguous slices, one per rank, in rank order. A rank
+    that the launcher bound to cores of its own (``mpirun --bind-to core``, ``--map-by
+    slot:PE=4``, ``srun --cpu-bind=cores``) keeps them. Ranks bound to cores that overlap without
+    being the same fall back to one slice of their binding per rank on the machine.
 
     Args:
-        local_rank, local_size: this rank's index among the ranks on its host, and their number.
-        own: the cores this process may run on now (``os.sched_getaffinity(0)``).
-        host_cores: the cores the job may use on this host (:func:`_host_cores`).
-        bound: whether the launcher bound this process (:func:`_launcher_binding`).
+        index: this rank's position in ``bindings``.
+        bindings: the cores (sets of ints) that each rank on this machine may run on, in rank
+            order, this rank's included.
 
     Returns:
-        The cores (ints, ascending).
+        ``(cores, overlapping)``: the cores (ints, ascending), and whether the bindings overlapped
+        without being the same (the fallback).
     """
-    own = sorted(own)
-    if bound and len(own) * local_size <= len(set(host_cores) | set(own)):
-        return tuple(own)
-    if local_size > len(own):
-        return tuple(own)
-    per_rank = len(own) // local_size
-    return tuple(own[local_rank * per_rank:(local_rank + 1) * per_rank])
+    own = frozenset(bindings[index])
+    sharing = [i for i, cores in enumerate(bindings) if frozenset(cores) == own]
+    others = frozenset().union(*(frozenset(cores) for cores in bindings if frozenset(cores) != own))
+    if own & others:
+        return _slice(own, index, len(bindings)), True
+    return _slice(own, sharing.index(index), len(sharing)), False
 
 
-def _launcher_binding_warning(launcher: Optional[str], own, cores) -> Optional[str]:
-    """A warning when the launcher bound this rank to more cores than its share, cores that other
-    ranks on its host may have been bound to as well (a socket or NUMA node): hvdtrain then keeps
-    a slice of them (:func:`_cpu_share`), which may leave other cores of the host idle. None
-    when the launcher did not bind the rank, or bound it to cores of its own.
+def _expected_share(own, launch_cores, local_size: int) -> int:
+    """How many cores this rank will likely keep, before the ranks compare their bindings
+    (:func:`_cpu_share`): TensorFlow's thread pools are sized before its runtime starts, and the
+    comparison is a collective, which starts it. Ranks are taken to share this rank's binding in
+    proportion to its part of the launcher's cores: all local ranks when unbound, only this one
+    when bound to a ``local_size``-th or less.
 
     Args:
-        launcher: :func:`_launcher_binding`'s answer.
-        own: the cores the launcher bound this process to.
-        cores: the cores this rank keeps (:func:`_cpu_share`).
+        own: the cores this process may run on.
+        launch_cores: the cores its launcher may run on (:func:`_launch_cores`).
+        local_size: the number of ranks on this host.
     """
-    if launcher is None or len(cores) == len(own):
-        return None
-    fix = "-bind-to none -map-by slot (horovodrun does)" if launcher == "mpirun" else "--cpu-bind=none"
-    return (f"hvdtrain: warning: {launcher} bound this rank to {len(own)} core(s) that other ranks on its host may "
-            f"share, and it keeps {len(cores)}, so some of the host's cores may stay idle; hvdtrain gives each "
-            f"rank its own share of the host's cores itself: start {launcher} with {fix}")
+    universe = len(frozenset(launch_cores) | frozenset(own))
+    sharing = min(local_size, max(1, -(-local_size * len(own) // universe)))  # ceil
+    return max(1, len(own) // sharing)
+
+
+def _overlap_warning(launcher_bound_ranks: Sequence[int]) -> str:
+    """The warning rank 0 prints when ranks on one machine were bound to cores that overlap without
+    being the same, naming those ranks (ints)."""
+    return (f"hvdtrain: warning: the launcher bound ranks {', '.join(map(str, launcher_bound_ranks))} to CPU cores "
+            f"that overlap without being the same; hvdtrain splits each binding by the ranks on the machine, which "
+            f"may leave cores idle: start mpirun with -bind-to none -map-by slot (horovodrun does), srun with "
+            f"--cpu-bind=none, or bind each rank to cores of its own")
+
+
+def _agreed_cpu_share(hvd, rank: int, own) -> tuple:
+    """This rank's cores (:func:`_cpu_share`), from every rank's binding and machine, which the
+    ranks exchange (an allgather; every rank must call it at the same point). Rank 0 prints
+    :func:`_overlap_warning` once if any machine's bindings overlap without being the same.
+
+    Args:
+        hvd: ``horovod.tensorflow``, initialized.
+        rank: this process's rank.
+        own: the cores this process may run on.
+    """
+    if hvd.size() == 1:
+        return _slice(own, 0, 1)
+    with in_collective("comparing the ranks' CPU bindings (allgather)"):
+        everyone = hvd.allgather_object((_machine_id(), sorted(own)), name="hvdtrain.cpu_bindings")
+    machine = everyone[rank][0]
+    peers = [r for r, (m, _) in enumerate(everyone) if m == machine]
+    cores, _ = _cpu_share(peers.index(rank), [set(everyone[r][1]) for r in peers])
+    if rank == 0:
+        overlapping = []
+        for m in {m for m, _ in everyone}:
+            on_m = [r for r, (other, _) in enumerate(everyone) if other == m]
+            bindings = [set(everyone[r][1]) for r in on_m]
+            overlapping += [r for i, r in enumerate(on_m) if _cpu_share(i, bindings)[1]]
+        if overlapping:
+            say(_overlap_warning(sorted(overlapping)), sys.stderr)
+    return cores
 
 
 def _thread_ids() -> set:
@@ -493,23 +507,27 @@ def init_distributed(threads: int = 0, use_gpu: bool = True, stall_timeout: floa
         tf.config.set_visible_devices([], "GPU")
         device = "/CPU:0"
 
-    # CPU threads: ranks on one host split its cores instead of each starting a thread per core,
-    # which would oversubscribe the host local_size times over; a rank its launcher bound to cores
-    # of its own keeps those. Every thread of the rank is confined to its share, Horovod's
-    # background loop included, so no rank computes or polls on another rank's cores.
-    own, launcher = os.sched_getaffinity(0), _launcher_binding()
-    cores = _cpu_share(local_rank, local_size, own, _host_cores(), bound=launcher is not None)
-    binding = _launcher_binding_warning(launcher, own, cores)
-    if binding and rank == 0:  # once per job: launchers bind every rank alike
-        say(binding, sys.stderr)
-    if cores and len(cores) < len(own):
-        # A user's HOROVOD_THREAD_AFFINITY makes Horovod place its background thread: leave it
-        # there. MPI's helpers, started before Horovod places it, keep the process's cores and
-        # are pinned with the rest.
-        _pin_threads(cores, skip=_placed_elsewhere(horovod_threads))
-    intra = threads if threads > 0 else max(1, len(cores))
+    # CPU threads: ranks on one machine split the cores they may all run on instead of each
+    # starting a thread per core, which would oversubscribe the machine local_size times over; a
+    # rank its launcher bound to cores of its own keeps those. The ranks compare their bindings
+    # to decide (one allgather), but TensorFlow's thread pools are sized before that collective
+    # starts its runtime: by the share this rank expects.
+    own = frozenset(os.sched_getaffinity(0))
+    expected = _expected_share(own, _launch_cores(), local_size)
+    intra = threads if threads > 0 else expected
     tf.config.threading.set_intra_op_parallelism_threads(intra)
     tf.config.threading.set_inter_op_parallelism_threads(2)
+    if elastic:
+        # No collective here: a worker joining an elastic job starts up alone (see DistContext.agree).
+        cores = _slice(own, local_rank, local_size)
+    else:
+        cores = _agreed_cpu_share(hvd, rank, own)
+    if len(cores) < len(own):
+        # Every thread of the rank is confined to its share, Horovod's background loop included,
+        # so no rank computes or polls on another rank's cores. A user's HOROVOD_THREAD_AFFINITY
+        # makes Horovod place its background thread: leave it there. MPI's helpers, started
+        # before Horovod places it, keep the process's cores and are pinned with the rest.
+        _pin_threads(cores, skip=_placed_elsewhere(horovod_threads))
 
     ctx = DistContext(
         rank=rank,

@@ -9,8 +9,7 @@ import sys
 
 import pytest
 
-from hvdtrain.dist import (_cpu_share, _host_cores, _launcher_binding, _launcher_binding_warning,
-                           _parse_cpu_list)
+from hvdtrain.dist import _cpu_share, _expected_share
 from tests.ranks import MPIRUN, REPO, rank_env, run_ranks
 
 
@@ -76,21 +75,15 @@ def _mpirun_with_its_own_binding(*binding) -> list:
     return [a for a in MPIRUN[:at] + MPIRUN[at + 2:] if a != "--oversubscribe"] + list(binding)
 
 
-def test_a_rank_mpirun_bound_to_a_core_of_its_own_keeps_it_and_nothing_is_said():
-    """OpenMPI's default binding for 2 ranks (each to one core) gives every rank cores of its own:
-    hvdtrain keeps them and has nothing to warn about."""
-    if len(os.sched_getaffinity(0)) < 2:
-        pytest.skip("needs 2 cores for mpirun to bind each of 2 ranks to one without oversubscribing")
-    proc = subprocess.run([*_mpirun_with_its_own_binding(), "-np", "2", sys.executable, "-m",
-                           "tests.workers.thread_placement"], cwd=REPO, env=rank_env(), capture_output=True,
-                          text=True, timeout=120)
+def _placements_under(mpirun_options) -> tuple:
+    """The ranks' placements (in rank order) and stderr of 2 ranks started by ``mpirun`` with
+    ``mpirun_options``."""
+    proc = subprocess.run([*mpirun_options, "-np", "2", sys.executable, "-m", "tests.workers.thread_placement"],
+                          cwd=REPO, env=rank_env(), capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "warning" not in proc.stderr, proc.stderr[-3000:]
     ranks = _parse_placements(proc.stdout)
-    assert [len(r["cores"]) for r in ranks] == [1, 1], ranks
-    assert not set(ranks[0]["cores"]) & set(ranks[1]["cores"]), ranks
-    for r in ranks:
-        assert r["thread_cores"] == r["cores"], r
+    assert [r["rank"] for r in ranks] == [0, 1], proc.stdout
+    return ranks, proc.stderr
 
 
 def _sockets(cores) -> set:
@@ -102,65 +95,62 @@ def _sockets(cores) -> set:
     return found
 
 
-def test_ranks_mpirun_bound_to_one_shared_socket_are_split_and_rank_0_says_so():
-    """``--bind-to socket`` binds both ranks to the same cores (this host's one socket): they are
-    split between the ranks, and rank 0 says once, on stderr, how to start mpirun instead."""
+@pytest.mark.parametrize("binding", [(), ("--bind-to", "socket")], ids=["default, a core each", "one socket"])
+def test_ranks_keep_cores_mpirun_bound_them_to_or_split_a_binding_they_share(binding):
+    """OpenMPI's default binding for 2 ranks gives each a core of its own, which it keeps; with
+    ``--bind-to socket`` on a one-socket host both are bound to every core, which they split.
+    Either way each rank has cores of its own, every thread stays on them, and nothing is said."""
     cores = sorted(os.sched_getaffinity(0))
     if len(cores) < 2:
-        pytest.skip("needs 2 cores to give each of 2 ranks its own")
-    if len(_sockets(cores)) > 1:
+        pytest.skip("needs 2 cores for mpirun to bind each of 2 ranks to one without oversubscribing")
+    if binding and len(_sockets(cores)) > 1:
         pytest.skip("mpirun would bind the ranks to different sockets")
-    proc = subprocess.run([*_mpirun_with_its_own_binding("--bind-to", "socket"), "-np", "2", sys.executable,
-                           "-m", "tests.workers.thread_placement"], cwd=REPO, env=rank_env(),
-                          capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    ranks = _parse_placements(proc.stdout)
+    ranks, stderr = _placements_under(_mpirun_with_its_own_binding(*binding))
+    assert "warning" not in stderr, stderr[-3000:]
+    assert [len(r["cores"]) for r in ranks] == [len(cores) // 2] * 2, ranks
     assert not set(ranks[0]["cores"]) & set(ranks[1]["cores"]), ranks
-    said = "hvdtrain: warning: mpirun bound this rank to"
-    assert proc.stderr.count(said) == 1, proc.stderr[-3000:]
-    assert "start mpirun with -bind-to none -map-by slot" in proc.stderr, proc.stderr[-3000:]
+    for r in ranks:
+        assert r["thread_cores"] == r["cores"], r
 
 
-@pytest.mark.parametrize("local_rank, local_size, own, host, bound, share", [
-    (1, 4, range(8), range(8), False, (2, 3)),             # nothing bound: one slice per rank
-    (1, 2, range(4), range(16), False, (2, 3)),            # taskset -c 0-3 around the launcher: split
-    (3, 4, range(2), range(8), False, (0, 1)),             # fewer cores than ranks: keep them
-    (1, 2, [1], range(2), True, (1,)),                     # mpirun --bind-to core: keep the core
-    (2, 4, range(8, 12), range(16), True, (8, 9, 10, 11)),  # --map-by slot:PE=4 / srun --cpu-bind=cores
-    (2, 4, range(8), range(16), True, (4, 5)),             # one socket, shared by 2 of the 4 ranks: split
-    (1, 2, range(2), range(2), True, (1,)),                # --bind-to socket on a one-socket host
+def test_ranks_bound_to_overlapping_cores_get_cores_of_their_own_and_rank_0_says_so(tmp_path):
+    """A rankfile binds rank 0 to both cores and rank 1 to the second: they overlap without being
+    the same, so each binding is split by the 2 ranks (rank 0 keeps the first core, rank 1 the
+    second) and rank 0 warns once."""
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2:
+        pytest.skip("needs 2 cores")
+    rankfile = tmp_path / "rankfile"
+    rankfile.write_text(f"rank 0=localhost slot={cores[0]}-{cores[1]}\nrank 1=localhost slot={cores[1]}\n")
+    ranks, stderr = _placements_under(_mpirun_with_its_own_binding("--rankfile", str(rankfile)))
+    assert [r["cores"] for r in ranks] == [[cores[0]], [cores[1]]], ranks
+    said = "hvdtrain: warning: the launcher bound ranks 0, 1 to CPU cores that overlap without being the same"
+    assert stderr.count(said) == 1, stderr[-3000:]
+
+
+@pytest.mark.parametrize("index, bindings, share, overlapping", [
+    (1, [range(8)] * 4, (2, 3), False),                          # nothing bound: one slice per rank
+    (3, [range(2)] * 4, (0, 1), False),                          # more ranks than cores: keep them all
+    (1, [[0], [1]], (1,), False),                                # mpirun --bind-to core: keep the core
+    (2, [range(4 * r, 4 * r + 4) for r in range(4)], (8, 9, 10, 11), False),  # --map-by slot:PE=4
+    (2, [range(8), range(8, 16)] * 2, (4, 5, 6, 7), False),      # two sockets, two ranks bound to each
+    (3, [range(8), range(8, 16)] * 2, (12, 13, 14, 15), False),
+    (0, [range(2), [1]], (0,), True),                            # overlapping: one slice per rank of each
+    (1, [range(2), [1]], (1,), True),
 ])
-def test_cpu_share(local_rank, local_size, own, host, bound, share):
-    assert _cpu_share(local_rank, local_size, set(own), frozenset(host), bound) == share
+def test_cpu_share(index, bindings, share, overlapping):
+    assert _cpu_share(index, [set(b) for b in bindings]) == (share, overlapping)
 
 
-def test_launcher_binding_warning_only_for_a_binding_cut_down():
-    assert _launcher_binding_warning(None, {0, 1}, (1,)) is None
-    assert _launcher_binding_warning("mpirun", {3}, (3,)) is None
-    said = _launcher_binding_warning("srun", set(range(8)), (4, 5))
-    assert said.startswith("hvdtrain: warning: srun bound this rank to 8 core(s) that other ranks on its host "
-                           "may share, and it keeps 2"), said
-    assert said.endswith("start srun with --cpu-bind=none"), said
-
-
-@pytest.mark.parametrize("env, launcher", [
-    ({}, None),
-    ({"OMPI_MCA_orte_bound_at_launch": "1"}, "mpirun"),
-    ({"SLURM_CPU_BIND_TYPE": "mask_cpu:"}, "srun"),
-    ({"SLURM_CPU_BIND_TYPE": "quiet,none"}, None),
-    ({"SLURM_CPU_BIND_TYPE": "none"}, None),
+@pytest.mark.parametrize("own, launch, local_size, expected", [
+    (range(8), range(8), 4, 2),       # unbound
+    (range(2), range(8), 4, 2),       # bound to a quarter: its own
+    (range(8), range(16), 4, 4),      # bound to a socket of two, shared by 2 of the 4 ranks
+    (range(4), range(4), 2, 2),       # taskset around the launcher
+    (range(2), range(2), 4, 1),       # oversubscribed
 ])
-def test_launcher_binding_from_the_launchers_environment(monkeypatch, env, launcher):
-    for name in ("OMPI_MCA_orte_bound_at_launch", "SLURM_CPU_BIND_TYPE"):
-        monkeypatch.delenv(name, raising=False)
-    for name, value in env.items():
-        monkeypatch.setenv(name, value)
-    assert _launcher_binding() == launcher
-
-
-def test_parse_cpu_list_and_host_cores():
-    assert _parse_cpu_list("0-3,8,10-11\n") == {0, 1, 2, 3, 8, 10, 11}
-    assert set(os.sched_getaffinity(0)) <= _host_cores()  # this process runs within its cgroup's cpuset
+def test_expected_share_before_the_ranks_compare_bindings(own, launch, local_size, expected):
+    assert _expected_share(set(own), set(launch), local_size) == expected
 
 
 def test_current_rank_is_the_launchers_until_horovod_runs_then_horovods():
