@@ -100,7 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     g = p.add_argument_group("runtime")
     g.add_argument("--threads", type=int, default=d.runtime.threads,
-                   help="TensorFlow intra-op threads per rank (0 = this rank's share of the host's cores)")
+                   help="TensorFlow intra-op threads per rank (0 = one per CPU core of this rank's own)")
     g.add_argument("--cpu", action="store_true", help="train on the CPU even where GPUs are present")
     g.add_argument("--stall-timeout", type=float, default=d.runtime.stall_timeout,
                    help="seconds a rank may make no progress (waiting for a stalled, lost or unreachable rank) "

@@ -149,7 +149,7 @@ class RuntimeConfig:
     """How each process uses its host.
 
     Attributes:
-        threads: TensorFlow intra-op threads per rank; 0 = this rank's share of the host's cores.
+        threads: TensorFlow intra-op threads per rank; 0 = one per CPU core of this rank's own.
         cpu: train on the CPU even where GPUs are present.
         stall_timeout: seconds without a finished step before a rank aborts (0 = wait forever).
     """

@@ -97,7 +97,7 @@ class DistContext:
         cross_size: number of hosts.
         device: TensorFlow device this rank computes on: ``"/GPU:0"`` (its own GPU, the only one
             it sees) or ``"/CPU:0"``.
-        cpu_cores: the CPU cores this process may run on (its share on a shared host).
+        cpu_cores: the CPU cores every thread of this process is pinned to (see :func:`_cpu_shares`).
         intra_op_threads: TensorFlow intra-op thread-pool size.
         elastic_startup: an elastic worker starting up, before its first state sync: it may
             start alone while the others wait in that sync, so :meth:`agree` runs no collective.
@@ -272,46 +272,73 @@ def _launch_cores() -> frozenset:
         return frozenset(os.sched_getaffinity(0))
 
 
+def _topology(cpu: int) -> tuple:
+    """``(socket, physical core)`` of logical CPU ``cpu``, from sysfs; ``(0, cpu)`` where unknown."""
+    try:
+        base = f"/sys/devices/system/cpu/cpu{cpu}/topology"
+        with open(f"{base}/physical_package_id") as f, open(f"{base}/core_id") as g:
+            return int(f.read()), int(g.read())
+    except (OSError, ValueError):
+        return 0, cpu
+
+
+def _in_core_order(cores) -> list:
+    """``cores`` ordered by socket, then physical core, so that the hyperthreads of one physical
+    core are adjacent and a contiguous slice takes whole cores (Linux often numbers the second
+    hyperthreads of all cores after the first ones: 0-15, then their siblings 16-31)."""
+    return sorted(cores, key=lambda cpu: (*_topology(cpu), cpu))
+
+
 def _slice(cores, index: int, count: int) -> tuple:
-    """Slice ``index`` of ``count`` equal contiguous slices of ``cores`` (all of them when there
-    are fewer cores than slices: oversubscribed)."""
-    cores = sorted(cores)
+    """Slice ``index`` of ``count`` equal contiguous slices of ``cores`` in core order (all of
+    them when there are fewer cores than slices: oversubscribed), ascending."""
+    cores = _in_core_order(cores)
     if count > len(cores):
-        return tuple(cores)
+        return tuple(sorted(cores))
     per_rank = len(cores) // count
-    return tuple(cores[index * per_rank:(index + 1) * per_rank])
+    return tuple(sorted(cores[index * per_rank:(index + 1) * per_rank]))
 
 
-def _cpu_share(index: int, bindings: Sequence) -> tuple:
-    """The CPU cores a rank should use: cores of its own, never another rank's on its machine.
+def _cpu_shares(bindings: Sequence) -> tuple:
+    """The CPU cores each rank on one machine should use: cores of its own where there are enough.
 
     Ranks whose launcher let them run on the same cores (all of a host's, a container's cpuset, a
     ``taskset`` around the launcher, or one socket that ``mpirun --bind-to socket`` bound several
-    ranks to) split those cores into equal contiguous slices, one per rank, in rank order. A rank
-    that the launcher bound to cores of its own (``mpirun --bind-to core``, ``--map-by
-    slot:PE=4``, ``srun --cpu-bind=cores``) keeps them. Ranks bound to cores that overlap without
-    being the same fall back to one slice of their binding per rank on the machine.
+    ranks to) split those cores into equal contiguous slices of whole physical cores, one per
+    rank, in rank order. A rank that the launcher bound to cores of its own (``mpirun --bind-to
+    core``, ``--map-by slot:PE=4``, ``srun --cpu-bind=cores``) keeps them. Where bindings overlap
+    without being the same, each rank, the most narrowly bound first, takes up to its equal part
+    of all the bound cores from those of its binding that no rank has taken; a rank that finds
+    none left shares its binding's least used core.
 
     Args:
-        index: this rank's position in ``bindings``.
-        bindings: the cores (sets of ints) that each rank on this machine may run on, in rank
-            order, this rank's included.
+        bindings: the cores (sets of ints) that each rank on this machine may run on, in rank order.
 
     Returns:
-        ``(cores, overlapping)``: the cores (ints, ascending), and whether the bindings overlapped
-        without being the same (the fallback).
+        ``(shares, overlapping)``: each rank's cores (tuples of ints, ascending), in the order of
+        ``bindings``, and whether the bindings overlapped without being the same.
     """
-    own = frozenset(bindings[index])
-    sharing = [i for i, cores in enumerate(bindings) if frozenset(cores) == own]
-    others = frozenset().union(*(frozenset(cores) for cores in bindings if frozenset(cores) != own))
-    if own & others:
-        return _slice(own, index, len(bindings)), True
-    return _slice(own, sharing.index(index), len(sharing)), False
+    bindings = [frozenset(cores) for cores in bindings]
+    distinct = list(dict.fromkeys(bindings))
+    if all(not (x & y) for i, x in enumerate(distinct) for y in distinct[i + 1:]):
+        groups = {cores: [i for i, b in enumerate(bindings) if b == cores] for cores in distinct}
+        return tuple(_slice(b, groups[b].index(i), len(groups[b])) for i, b in enumerate(bindings)), False
+    every = frozenset().union(*bindings)
+    quota = max(1, len(every) // len(bindings))
+    uses = dict.fromkeys(every, 0)
+    shares = [()] * len(bindings)
+    for i in sorted(range(len(bindings)), key=lambda i: (len(bindings[i]), i)):
+        ordered = _in_core_order(bindings[i])
+        taken = [cpu for cpu in ordered if uses[cpu] == 0][:quota] or [min(ordered, key=uses.__getitem__)]
+        for cpu in taken:
+            uses[cpu] += 1
+        shares[i] = tuple(sorted(taken))
+    return tuple(shares), True
 
 
 def _expected_share(own, launch_cores, local_size: int) -> int:
     """How many cores this rank will likely keep, before the ranks compare their bindings
-    (:func:`_cpu_share`): TensorFlow's thread pools are sized before its runtime starts, and the
+    (:func:`_cpu_shares`): TensorFlow's thread pools are sized before its runtime starts, and the
     comparison is a collective, which starts it. Ranks are taken to share this rank's binding in
     proportion to its part of the launcher's cores: all local ranks when unbound, only this one
     when bound to a ``local_size``-th or less.
@@ -320,47 +347,65 @@ def _expected_share(own, launch_cores, local_size: int) -> int:
         own: the cores this process may run on.
         launch_cores: the cores its launcher may run on (:func:`_launch_cores`).
         local_size: the number of ranks on this host.
+
+    Returns:
+        The number of cores, at least 1.
     """
     universe = len(frozenset(launch_cores) | frozenset(own))
     sharing = min(local_size, max(1, -(-local_size * len(own) // universe)))  # ceil
     return max(1, len(own) // sharing)
 
 
-def _overlap_warning(launcher_bound_ranks: Sequence[int]) -> str:
-    """The warning rank 0 prints when ranks on one machine were bound to cores that overlap without
-    being the same, naming those ranks (ints)."""
-    return (f"hvdtrain: warning: the launcher bound ranks {', '.join(map(str, launcher_bound_ranks))} to CPU cores "
-            f"that overlap without being the same; hvdtrain splits each binding by the ranks on the machine, which "
-            f"may leave cores idle: start mpirun with -bind-to none -map-by slot (horovodrun does), srun with "
-            f"--cpu-bind=none, or bind each rank to cores of its own")
+def _agreed_cpu_share(hvd, rank: int, own, intra: int, threads_given: bool) -> tuple:
+    """This rank's cores (:func:`_cpu_shares`), from every rank's machine and binding, which the
+    ranks exchange (an allgather; every rank must call it at the same point).
 
-
-def _agreed_cpu_share(hvd, rank: int, own) -> tuple:
-    """This rank's cores (:func:`_cpu_share`), from every rank's binding and machine, which the
-    ranks exchange (an allgather; every rank must call it at the same point). Rank 0 prints
-    :func:`_overlap_warning` once if any machine's bindings overlap without being the same.
+    Rank 0 prints one warning naming every rank whose binding overlaps another's without being
+    the same, and, unless the user set the thread pools' size (``--threads``), one naming every
+    rank whose pool (sized before the exchange) has another size than its share of cores.
 
     Args:
         hvd: ``horovod.tensorflow``, initialized.
         rank: this process's rank.
         own: the cores this process may run on.
+        intra: the size of this rank's TensorFlow intra-op thread pool.
+        threads_given: whether the user set that size.
+
+    Returns:
+        The cores (ints, ascending).
+
+    Raises:
+        horovod.common.exceptions.HorovodInternalError: if the allgather fails (a rank lost).
     """
     if hvd.size() == 1:
         return _slice(own, 0, 1)
     with in_collective("comparing the ranks' CPU bindings (allgather)"):
-        everyone = hvd.allgather_object((_machine_id(), sorted(own)), name="hvdtrain.cpu_bindings")
-    machine = everyone[rank][0]
-    peers = [r for r, (m, _) in enumerate(everyone) if m == machine]
-    cores, _ = _cpu_share(peers.index(rank), [set(everyone[r][1]) for r in peers])
-    if rank == 0:
-        overlapping = []
-        for m in {m for m, _ in everyone}:
-            on_m = [r for r, (other, _) in enumerate(everyone) if other == m]
-            bindings = [set(everyone[r][1]) for r in on_m]
-            overlapping += [r for i, r in enumerate(on_m) if _cpu_share(i, bindings)[1]]
-        if overlapping:
-            say(_overlap_warning(sorted(overlapping)), sys.stderr)
-    return cores
+        everyone = hvd.allgather_object((_machine_id(), sorted(own), intra), name="hvdtrain.cpu_bindings")
+    shares, overlapping = [()] * len(everyone), []
+    for machine in dict.fromkeys(m for m, _, _ in everyone):
+        on_machine = [r for r, (m, _, _) in enumerate(everyone) if m == machine]
+        machine_shares, overlap = _cpu_shares([everyone[r][1] for r in on_machine])
+        for r, cores in zip(on_machine, machine_shares):
+            shares[r] = cores
+        overlapping += on_machine if overlap else []
+    mismatched = [r for r, (_, _, pool) in enumerate(everyone) if pool != len(shares[r])]
+    if rank == 0 and overlapping:
+        say(f"hvdtrain: warning: the launcher bound ranks {_ranks(overlapping)} to CPU cores that overlap without "
+            f"being the same; hvdtrain gave each rank part of its binding, which may leave cores idle or shared: "
+            f"start mpirun with -bind-to none -map-by slot (horovodrun does), srun with --cpu-bind=none, or bind "
+            f"each rank to cores of its own", sys.stderr)
+    if rank == 0 and mismatched and not threads_given:
+        first = mismatched[0]
+        say(f"hvdtrain: warning: ranks {_ranks(mismatched)} sized their TensorFlow thread pools, before the ranks "
+            f"compared CPU bindings, for another number of cores than they got (rank {first}: {everyone[first][2]} "
+            f"threads for {len(shares[first])} core(s)): set --threads to the cores each rank gets", sys.stderr)
+    return shares[rank]
+
+
+def _ranks(ranks: Sequence[int], shown: int = 8) -> str:
+    """``ranks`` for a message: ``0, 1, 2``, or ``0, 1, ..., 7, ... (300 ranks)``."""
+    listed = ", ".join(map(str, ranks[:shown]))
+    return listed if len(ranks) <= shown else f"{listed}, ... ({len(ranks)} ranks)"
 
 
 def _thread_ids() -> set:
@@ -428,7 +473,8 @@ def init_distributed(threads: int = 0, use_gpu: bool = True, stall_timeout: floa
     TensorFlow's runtime starts.
 
     Args:
-        threads: TensorFlow intra-op threads; 0 = one per core in this rank's share of the host.
+        threads: TensorFlow intra-op threads; 0 = one per core this rank expects to get (see
+            :func:`_expected_share`; rank 0 warns of ranks that got another number).
         use_gpu: use the GPU at the local rank if the host has GPUs; False forces the CPU.
         stall_timeout: seconds after which Horovod's stall inspector should report missing ranks
             is half this (see :mod:`hvdtrain.watchdog`); 0 leaves Horovod's default.
@@ -521,7 +567,7 @@ def init_distributed(threads: int = 0, use_gpu: bool = True, stall_timeout: floa
         # No collective here: a worker joining an elastic job starts up alone (see DistContext.agree).
         cores = _slice(own, local_rank, local_size)
     else:
-        cores = _agreed_cpu_share(hvd, rank, own)
+        cores = _agreed_cpu_share(hvd, rank, own, intra, threads_given=threads > 0)
     if len(cores) < len(own):
         # Every thread of the rank is confined to its share, Horovod's background loop included,
         # so no rank computes or polls on another rank's cores. A user's HOROVOD_THREAD_AFFINITY

@@ -238,7 +238,7 @@ def test_mpirun_gives_matching_result(tmp_path, fashion_slice_job, fashion_slice
     """Plain mpirun (ranks learn rank and size from OpenMPI) trains the default model on real data
     as horovodrun over Gloo does (a fifth of Fashion-MNIST, the run test_launch.py also compares against)."""
     result = hvdtrain(2, [*fashion_slice_job, "--log-dir", str(tmp_path)], launcher="mpirun", timeout=600)
-    assert "warning" not in result.stderr  # started with -bind-to none: no word on mpirun's binding
+    assert "warning" not in result.stderr  # started with -bind-to none: no word on CPU bindings
     mpi, gloo = metrics(tmp_path)[-1], fashion_slice_gloo_metrics
     assert mpi["world_size"] == 2 and mpi["train_examples"] == gloo["train_examples"] == 12000
     assert mpi["test_accuracy"] == pytest.approx(gloo["test_accuracy"], abs=0.002)

@@ -9,7 +9,8 @@ import sys
 
 import pytest
 
-from hvdtrain.dist import _cpu_share, _expected_share
+from hvdtrain import dist
+from hvdtrain.dist import _cpu_shares, _expected_share
 from tests.ranks import MPIRUN, REPO, rank_env, run_ranks
 
 
@@ -107,7 +108,7 @@ def test_ranks_keep_cores_mpirun_bound_them_to_or_split_a_binding_they_share(bin
         pytest.skip("mpirun would bind the ranks to different sockets")
     ranks, stderr = _placements_under(_mpirun_with_its_own_binding(*binding))
     assert "warning" not in stderr, stderr[-3000:]
-    assert [len(r["cores"]) for r in ranks] == [len(cores) // 2] * 2, ranks
+    assert [len(r["cores"]) for r in ranks] == ([len(cores) // 2] * 2 if binding else [1, 1]), ranks
     assert not set(ranks[0]["cores"]) & set(ranks[1]["cores"]), ranks
     for r in ranks:
         assert r["thread_cores"] == r["cores"], r
@@ -128,18 +129,93 @@ def test_ranks_bound_to_overlapping_cores_get_cores_of_their_own_and_rank_0_says
     assert stderr.count(said) == 1, stderr[-3000:]
 
 
-@pytest.mark.parametrize("index, bindings, share, overlapping", [
-    (1, [range(8)] * 4, (2, 3), False),                          # nothing bound: one slice per rank
-    (3, [range(2)] * 4, (0, 1), False),                          # more ranks than cores: keep them all
-    (1, [[0], [1]], (1,), False),                                # mpirun --bind-to core: keep the core
-    (2, [range(4 * r, 4 * r + 4) for r in range(4)], (8, 9, 10, 11), False),  # --map-by slot:PE=4
-    (2, [range(8), range(8, 16)] * 2, (4, 5, 6, 7), False),      # two sockets, two ranks bound to each
-    (3, [range(8), range(8, 16)] * 2, (12, 13, 14, 15), False),
-    (0, [range(2), [1]], (0,), True),                            # overlapping: one slice per rank of each
-    (1, [range(2), [1]], (1,), True),
+@pytest.fixture
+def flat_topology(monkeypatch):
+    """Every CPU a physical core of its own, whatever this machine's topology."""
+    monkeypatch.setattr(dist, "_topology", lambda cpu: (0, cpu))
+
+
+def _disjoint(shares) -> bool:
+    return all(not set(x) & set(y) for i, x in enumerate(shares) for y in shares[i + 1:])
+
+
+@pytest.mark.parametrize("bindings, shares", [
+    ([range(8)] * 4, [(0, 1), (2, 3), (4, 5), (6, 7)]),                # nothing bound: one slice per rank
+    ([range(2)] * 4, [(0, 1)] * 4),                                    # more ranks than cores: keep them all
+    ([[0], [1]], [(0,), (1,)]),                                        # mpirun --bind-to core: keep the core
+    ([range(4 * r, 4 * r + 4) for r in range(4)],                      # --map-by slot:PE=4
+     [(0, 1, 2, 3), (4, 5, 6, 7), (8, 9, 10, 11), (12, 13, 14, 15)]),
+    ([range(8), range(8, 16)] * 2, [(0, 1, 2, 3), (8, 9, 10, 11), (4, 5, 6, 7), (12, 13, 14, 15)]),  # 2 per socket
+    ([range(8), [8, 9]], [tuple(range(8)), (8, 9)]),                   # unequal bindings of their own: kept
 ])
-def test_cpu_share(index, bindings, share, overlapping):
-    assert _cpu_share(index, [set(b) for b in bindings]) == (share, overlapping)
+def test_cpu_shares_of_bindings_that_are_the_same_or_disjoint(flat_topology, bindings, shares):
+    assert _cpu_shares([set(b) for b in bindings]) == (tuple(shares), False)
+
+
+@pytest.mark.parametrize("bindings", [
+    [range(2), [1]],
+    [range(8), range(8), range(4)],
+    [range(4, 8), range(8)],
+    [range(8), range(8, 16), range(16)],     # two ranks bound to a socket each, one unbound
+    [range(16), range(8), range(8), [3]],
+])
+def test_cpu_shares_of_overlapping_bindings_are_disjoint_parts_of_each(flat_topology, bindings):
+    shares, overlapping = _cpu_shares([set(b) for b in bindings])
+    assert overlapping
+    assert _disjoint(shares), shares
+    for share, binding in zip(shares, bindings):
+        assert share and set(share) <= set(binding), (share, binding)
+
+
+def test_cpu_shares_of_more_ranks_than_overlapping_cores_share_the_least_used(flat_topology):
+    shares, overlapping = _cpu_shares([{0, 1}, {0, 1}, {1}])
+    assert overlapping and shares == ((0,), (0,), (1,)), shares
+
+
+def test_cpu_shares_take_whole_physical_cores(monkeypatch):
+    """Linux numbering on a 4-core, 8-thread socket: CPUs 0-3 are the first hyperthreads of cores
+    0-3, CPUs 4-7 their siblings. Two ranks get two whole cores each, not the siblings of one
+    another's cores."""
+    monkeypatch.setattr(dist, "_topology", lambda cpu: (0, cpu % 4))
+    shares, _ = _cpu_shares([set(range(8))] * 2)
+    assert shares == ((0, 1, 4, 5), (2, 3, 6, 7)), shares
+
+
+class _FakeHorovod:
+    """What :func:`hvdtrain.dist._agreed_cpu_share` uses of ``horovod.tensorflow``, with the
+    allgather's answer given: each rank's ``(machine, cores, thread-pool size)``."""
+
+    def __init__(self, everyone):
+        self.everyone = everyone
+
+    def size(self):
+        return len(self.everyone)
+
+    def allgather_object(self, obj, name=None):
+        return self.everyone
+
+
+def test_ranks_compare_bindings_by_machine_and_rank_0_warns_once(flat_topology, capsys):
+    """Two machines: on ``a`` both ranks may run on the same 4 cores, on ``b`` they are bound to
+    overlapping cores; rank 2's thread pool was sized for 2 cores and it gets 1."""
+    everyone = [("a", [0, 1, 2, 3], 2), ("b", [0, 1], 1), ("a", [0, 1, 2, 3], 2), ("b", [1], 2)]
+    fake = _FakeHorovod(everyone)
+    got = [dist._agreed_cpu_share(fake, r, set(everyone[r][1]), everyone[r][2], False) for r in range(4)]
+    assert got == [(0, 1), (0,), (2, 3), (1,)], got
+    said = capsys.readouterr().err.splitlines()
+    assert len(said) == 2, said  # rank 0 alone, once each
+    assert said[0].startswith("hvdtrain: warning: the launcher bound ranks 1, 3 to CPU cores that overlap"), said
+    assert said[1].startswith("hvdtrain: warning: ranks 3 sized their TensorFlow thread pools"), said
+    assert "(rank 3: 2 threads for 1 core(s))" in said[1], said
+    dist._agreed_cpu_share(fake, 0, {0, 1, 2, 3}, 2, True)  # --threads given: no word on thread pools
+    assert "thread pools" not in capsys.readouterr().err
+
+
+def test_a_rank_alone_keeps_its_cores_without_a_collective(flat_topology):
+    class Alone(_FakeHorovod):
+        def allgather_object(self, obj, name=None):
+            raise AssertionError("no collective at world size 1")
+    assert dist._agreed_cpu_share(Alone([None]), 0, {2, 3}, 2, False) == (2, 3)
 
 
 @pytest.mark.parametrize("own, launch, local_size, expected", [
