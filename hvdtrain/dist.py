@@ -272,140 +272,240 @@ def _launch_cores() -> frozenset:
         return frozenset(os.sched_getaffinity(0))
 
 
+def _parse_cpu_list(text: str) -> frozenset:
+    """The CPUs of a Linux CPU list such as ``0-3,8,10-11`` (sysfs format)."""
+    cpus = set()
+    for part in text.strip().split(","):
+        if part:
+            first, _, last = part.partition("-")
+            cpus.update(range(int(first), int(last or first) + 1))
+    return frozenset(cpus)
+
+
 def _topology(cpu: int) -> tuple:
-    """``(socket, physical core)`` of logical CPU ``cpu``, from sysfs; ``(0, cpu)`` where unknown."""
+    """``(socket, first CPU of its physical core)`` of logical CPU ``cpu``, from sysfs: CPUs with
+    the same answer are hyperthreads of one core. ``(0, cpu)`` where sysfs does not say."""
+    base = f"/sys/devices/system/cpu/cpu{cpu}/topology"
     try:
-        base = f"/sys/devices/system/cpu/cpu{cpu}/topology"
-        with open(f"{base}/physical_package_id") as f, open(f"{base}/core_id") as g:
-            return int(f.read()), int(g.read())
+        with open(f"{base}/physical_package_id") as f, open(f"{base}/thread_siblings_list") as g:
+            return int(f.read()), min(_parse_cpu_list(g.read()) | {cpu})
     except (OSError, ValueError):
         return 0, cpu
 
 
-def _in_core_order(cores) -> list:
-    """``cores`` ordered by socket, then physical core, so that the hyperthreads of one physical
-    core are adjacent and a contiguous slice takes whole cores (Linux often numbers the second
-    hyperthreads of all cores after the first ones: 0-15, then their siblings 16-31)."""
-    return sorted(cores, key=lambda cpu: (*_topology(cpu), cpu))
-
-
-def _slice(cores, index: int, count: int) -> tuple:
-    """Slice ``index`` of ``count`` equal contiguous slices of ``cores`` in core order (all of
-    them when there are fewer cores than slices: oversubscribed), ascending."""
-    cores = _in_core_order(cores)
-    if count > len(cores):
-        return tuple(sorted(cores))
-    per_rank = len(cores) // count
-    return tuple(sorted(cores[index * per_rank:(index + 1) * per_rank]))
-
-
-def _cpu_shares(bindings: Sequence) -> tuple:
-    """The CPU cores each rank on one machine should use: cores of its own where there are enough.
-
-    Ranks whose launcher let them run on the same cores (all of a host's, a container's cpuset, a
-    ``taskset`` around the launcher, or one socket that ``mpirun --bind-to socket`` bound several
-    ranks to) split those cores into equal contiguous slices of whole physical cores, one per
-    rank, in rank order. A rank that the launcher bound to cores of its own (``mpirun --bind-to
-    core``, ``--map-by slot:PE=4``, ``srun --cpu-bind=cores``) keeps them. Where bindings overlap
-    without being the same, each rank, the most narrowly bound first, takes up to its equal part
-    of all the bound cores from those of its binding that no rank has taken; a rank that finds
-    none left shares its binding's least used core.
+def _physical_cores(cpus, topology) -> list:
+    """``cpus`` grouped by physical core (hyperthreads together), in socket and core order.
 
     Args:
-        bindings: the cores (sets of ints) that each rank on this machine may run on, in rank order.
+        cpus: logical CPU ids (ints).
+        topology: :func:`_topology`'s answer for each of them (a mapping).
 
     Returns:
-        ``(shares, overlapping)``: each rank's cores (tuples of ints, ascending), in the order of
-        ``bindings``, and whether the bindings overlapped without being the same.
+        Lists of ints, one per physical core.
     """
-    bindings = [frozenset(cores) for cores in bindings]
-    distinct = list(dict.fromkeys(bindings))
-    if all(not (x & y) for i, x in enumerate(distinct) for y in distinct[i + 1:]):
-        groups = {cores: [i for i, b in enumerate(bindings) if b == cores] for cores in distinct}
-        return tuple(_slice(b, groups[b].index(i), len(groups[b])) for i, b in enumerate(bindings)), False
+    cores = {}
+    for cpu in sorted(cpus, key=lambda c: (*topology[c], c)):
+        cores.setdefault(topology[cpu], []).append(cpu)
+    return list(cores.values())
+
+
+def _slice(cpus, index: int, count: int, topology) -> tuple:
+    """Slice ``index`` of ``count`` equal contiguous slices of ``cpus``: of whole physical cores
+    where they divide evenly among the ``count``, else of logical CPUs in core order (a core's
+    hyperthreads adjacent, so at most the cores at the slices' edges are split); all of ``cpus``
+    when there are fewer than ``count`` (oversubscribed).
+
+    Returns:
+        The slice's CPUs (ints, ascending).
+    """
+    cores = _physical_cores(cpus, topology)
+    if len(cores) % count == 0:
+        per_rank = len(cores) // count
+        return tuple(sorted(cpu for core in cores[index * per_rank:(index + 1) * per_rank] for cpu in core))
+    flat = [cpu for core in cores for cpu in core]
+    if count > len(flat):
+        return tuple(sorted(flat))
+    per_rank = len(flat) // count
+    return tuple(sorted(flat[index * per_rank:(index + 1) * per_rank]))
+
+
+def _overlap_groups(bindings) -> list:
+    """The ranks (indices into ``bindings``) in groups connected by CPUs they may both run on, in
+    order of their lowest rank: ranks of one group share CPUs with one another, directly or through
+    other ranks of the group; ranks of different groups share none."""
+    parent = list(range(len(bindings)))
+
+    def root(i):
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    first_rank_of = {}
+    for i, cpus in enumerate(bindings):
+        for cpu in cpus:
+            j = first_rank_of.setdefault(cpu, i)
+            parent[root(i)] = root(j)
+    groups = {}
+    for i in range(len(bindings)):
+        groups.setdefault(root(i), []).append(i)
+    return sorted(groups.values())
+
+
+def _share_overlapping(bindings, topology) -> list:
+    """Disjoint parts of bindings that overlap without being the same (one group of
+    :func:`_overlap_groups`): first one CPU for every rank, wherever the bindings allow that
+    (a maximum bipartite matching by augmenting paths; Kuhn 1955, "The Hungarian method for the
+    assignment problem"), the most narrowly bound rank first; then, in turns, one free CPU of its
+    binding at a time (a hyperthread of a core it holds first) to each rank with fewer than an
+    equal part of the group's CPUs. A rank left without a CPU shares its binding's least used one.
+
+    Returns:
+        Each rank's CPUs (tuples of ints, ascending), in the order of ``bindings``.
+    """
     every = frozenset().union(*bindings)
-    quota = max(1, len(every) // len(bindings))
-    uses = dict.fromkeys(every, 0)
-    shares = [()] * len(bindings)
-    for i in sorted(range(len(bindings)), key=lambda i: (len(bindings[i]), i)):
-        ordered = _in_core_order(bindings[i])
-        taken = [cpu for cpu in ordered if uses[cpu] == 0][:quota] or [min(ordered, key=uses.__getitem__)]
-        for cpu in taken:
-            uses[cpu] += 1
-        shares[i] = tuple(sorted(taken))
-    return tuple(shares), True
+    position = {cpu: k for k, cpu in enumerate(sorted(every, key=lambda c: (*topology[c], c)))}
+    in_order = [sorted(cpus, key=position.get) for cpus in bindings]
+    narrowest_first = sorted(range(len(bindings)), key=lambda i: (len(bindings[i]), i))
+    owner = {}
+
+    def augment(i, seen):
+        for cpu in in_order[i]:
+            if cpu not in seen:
+                seen.add(cpu)
+                if cpu not in owner or augment(owner[cpu], seen):
+                    owner[cpu] = i
+                    return True
+        return False
+
+    for i in narrowest_first:
+        augment(i, set())
+    shares = [[cpu for cpu in in_order[i] if owner.get(cpu) == i] for i in range(len(bindings))]
+    equal_part = max(1, len(every) // len(bindings))
+    taking = True
+    while taking:
+        taking = False
+        for i in narrowest_first:
+            held = {topology[cpu] for cpu in shares[i]}
+            free = [cpu for cpu in in_order[i] if cpu not in owner]
+            if free and len(shares[i]) < equal_part:
+                cpu = min(free, key=lambda c: (topology[c] not in held, position[c]))
+                owner[cpu] = i
+                shares[i].append(cpu)
+                taking = True
+    for i in range(len(bindings)):
+        if not shares[i]:
+            shares[i] = [min(in_order[i], key=lambda c: sum(c in s for s in shares))]
+    return [tuple(sorted(s)) for s in shares]
 
 
-def _expected_share(own, launch_cores, local_size: int) -> int:
-    """How many cores this rank will likely keep, before the ranks compare their bindings
-    (:func:`_cpu_shares`): TensorFlow's thread pools are sized before its runtime starts, and the
-    comparison is a collective, which starts it. Ranks are taken to share this rank's binding in
-    proportion to its part of the launcher's cores: all local ranks when unbound, only this one
-    when bound to a ``local_size``-th or less.
+def _cpu_shares(bindings: Sequence, topology) -> tuple:
+    """The CPUs each rank on one machine should use: CPUs of its own where there are enough.
+
+    Ranks whose launcher let them run on the same CPUs (all of a host's, a container's cpuset, a
+    ``taskset`` around the launcher, or one socket that ``mpirun --bind-to socket`` bound several
+    ranks to) split them into equal slices (:func:`_slice`), in rank order. A rank whose binding
+    no other rank shares (``mpirun --bind-to core``, ``--map-by slot:PE=4``, ``srun
+    --cpu-bind=cores``) keeps it. Ranks whose bindings overlap without being the same get
+    disjoint parts of them where that is possible (:func:`_share_overlapping`).
 
     Args:
-        own: the cores this process may run on.
-        launch_cores: the cores its launcher may run on (:func:`_launch_cores`).
+        bindings: the CPUs (sets of ints) that each rank on this machine may run on, in rank order.
+        topology: :func:`_topology`'s answer for every one of those CPUs (a mapping).
+
+    Returns:
+        ``(shares, overlapping)``: each rank's CPUs (tuples of ints, ascending), in the order of
+        ``bindings``, and the indices of the ranks whose bindings overlap without being the same.
+    """
+    bindings = [frozenset(cpus) for cpus in bindings]
+    shares, overlapping = [()] * len(bindings), []
+    for group in _overlap_groups(bindings):
+        if len({bindings[i] for i in group}) == 1:
+            for k, i in enumerate(group):
+                shares[i] = _slice(bindings[i], k, len(group), topology)
+        else:
+            for i, share in zip(group, _share_overlapping([bindings[i] for i in group], topology)):
+                shares[i] = share
+            overlapping += group
+    return tuple(shares), sorted(overlapping)
+
+
+def _expected_share(own, launch_cpus, local_size: int) -> int:
+    """How many CPUs this rank will likely get (:func:`_cpu_shares`; the CPUs per rank, when
+    oversubscribed), before the ranks compare their bindings: TensorFlow's thread pools are sized
+    before its runtime starts, and the comparison is a collective, which starts it. Ranks are
+    taken to share this rank's binding in proportion to its part of the launcher's CPUs: all
+    local ranks when unbound, only this one when bound to a ``local_size``-th or less.
+
+    Args:
+        own: the CPUs this process may run on.
+        launch_cpus: the CPUs its launcher may run on (:func:`_launch_cores`).
         local_size: the number of ranks on this host.
 
     Returns:
-        The number of cores, at least 1.
+        The number of CPUs, at least 1.
     """
-    universe = len(frozenset(launch_cores) | frozenset(own))
+    universe = len(frozenset(launch_cpus) | frozenset(own))
     sharing = min(local_size, max(1, -(-local_size * len(own) // universe)))  # ceil
     return max(1, len(own) // sharing)
 
 
 def _agreed_cpu_share(hvd, rank: int, own, intra: int, threads_given: bool) -> tuple:
-    """This rank's cores (:func:`_cpu_shares`), from every rank's machine and binding, which the
-    ranks exchange (an allgather; every rank must call it at the same point).
+    """This rank's CPUs (:func:`_cpu_shares`), from every rank's machine, binding and topology,
+    which the ranks exchange (an allgather; every rank must call it at the same point), so that
+    every rank computes the same assignment.
 
-    Rank 0 prints one warning naming every rank whose binding overlaps another's without being
-    the same, and, unless the user set the thread pools' size (``--threads``), one naming every
-    rank whose pool (sized before the exchange) has another size than its share of cores.
+    Rank 0 prints one warning naming the ranks whose bindings overlap without being the same,
+    and, unless the user set the thread pools' size (``--threads``), one naming the ranks whose
+    pool (sized before the exchange) is not one thread per CPU they got.
 
     Args:
         hvd: ``horovod.tensorflow``, initialized.
         rank: this process's rank.
-        own: the cores this process may run on.
+        own: the CPUs this process may run on.
         intra: the size of this rank's TensorFlow intra-op thread pool.
         threads_given: whether the user set that size.
 
     Returns:
-        The cores (ints, ascending).
+        The CPUs (ints, ascending).
 
     Raises:
         horovod.common.exceptions.HorovodInternalError: if the allgather fails (a rank lost).
     """
+    topology = {cpu: _topology(cpu) for cpu in own}
     if hvd.size() == 1:
-        return _slice(own, 0, 1)
+        return _slice(own, 0, 1, topology)
     with in_collective("comparing the ranks' CPU bindings (allgather)"):
-        everyone = hvd.allgather_object((_machine_id(), sorted(own), intra), name="hvdtrain.cpu_bindings")
-    shares, overlapping = [()] * len(everyone), []
-    for machine in dict.fromkeys(m for m, _, _ in everyone):
-        on_machine = [r for r, (m, _, _) in enumerate(everyone) if m == machine]
-        machine_shares, overlap = _cpu_shares([everyone[r][1] for r in on_machine])
-        for r, cores in zip(on_machine, machine_shares):
-            shares[r] = cores
-        overlapping += on_machine if overlap else []
-    mismatched = [r for r, (_, _, pool) in enumerate(everyone) if pool != len(shares[r])]
+        everyone = hvd.allgather_object((_machine_id(), sorted(own), intra, topology), name="hvdtrain.cpu_bindings")
+    shares, per_rank, overlapping = [()] * len(everyone), [1] * len(everyone), []
+    for machine in dict.fromkeys(m for m, _, _, _ in everyone):
+        on_machine = [r for r, (m, _, _, _) in enumerate(everyone) if m == machine]
+        known = {cpu: tuple(where) for r in on_machine for cpu, where in everyone[r][3].items()}
+        machine_shares, overlap = _cpu_shares([everyone[r][1] for r in on_machine], known)
+        for r, cpus in zip(on_machine, machine_shares):
+            shares[r] = cpus  # oversubscribed ranks hold the same CPUs: one thread per CPU each would be too many
+            per_rank[r] = max(1, len(cpus) // machine_shares.count(cpus))
+        overlapping += [on_machine[i] for i in overlap]
+    mismatched = [r for r, (_, _, pool, _) in enumerate(everyone) if pool != per_rank[r]]
     if rank == 0 and overlapping:
-        say(f"hvdtrain: warning: the launcher bound ranks {_ranks(overlapping)} to CPU cores that overlap without "
-            f"being the same; hvdtrain gave each rank part of its binding, which may leave cores idle or shared: "
-            f"start mpirun with -bind-to none -map-by slot (horovodrun does), srun with --cpu-bind=none, or bind "
-            f"each rank to cores of its own", sys.stderr)
+        say(f"hvdtrain: warning: the launcher bound {_ranks(overlapping)} to CPUs that overlap without being the "
+            f"same; hvdtrain gave each rank part of its binding, which may leave CPUs idle or shared: start "
+            f"mpirun with -bind-to none -map-by slot (horovodrun does), srun with --cpu-bind=none, or bind each "
+            f"rank to CPUs of its own", sys.stderr)
     if rank == 0 and mismatched and not threads_given:
-        first = mismatched[0]
-        say(f"hvdtrain: warning: ranks {_ranks(mismatched)} sized their TensorFlow thread pools, before the ranks "
-            f"compared CPU bindings, for another number of cores than they got (rank {first}: {everyone[first][2]} "
-            f"threads for {len(shares[first])} core(s)): set --threads to the cores each rank gets", sys.stderr)
+        said = ", ".join(f"rank {r}: {everyone[r][2]} for {per_rank[r]}" for r in mismatched[:4])
+        say(f"hvdtrain: warning: {_ranks(mismatched)} sized TensorFlow's thread pool, before the ranks compared "
+            f"CPU bindings, for another number of CPUs than they got (threads for CPUs: {said}): set --threads, "
+            f"or start the ranks unbound (mpirun -bind-to none)", sys.stderr)
     return shares[rank]
 
 
 def _ranks(ranks: Sequence[int], shown: int = 8) -> str:
-    """``ranks`` for a message: ``0, 1, 2``, or ``0, 1, ..., 7, ... (300 ranks)``."""
+    """``ranks`` for a message: ``rank 3``, ``ranks 0, 1, 2``, or ``ranks 0, 1, ..., 7, ... (300 ranks)``."""
+    if len(ranks) == 1:
+        return f"rank {ranks[0]}"
     listed = ", ".join(map(str, ranks[:shown]))
-    return listed if len(ranks) <= shown else f"{listed}, ... ({len(ranks)} ranks)"
+    return f"ranks {listed}" if len(ranks) <= shown else f"ranks {listed}, ... ({len(ranks)} ranks)"
 
 
 def _thread_ids() -> set:
@@ -565,7 +665,7 @@ def init_distributed(threads: int = 0, use_gpu: bool = True, stall_timeout: floa
     tf.config.threading.set_inter_op_parallelism_threads(2)
     if elastic:
         # No collective here: a worker joining an elastic job starts up alone (see DistContext.agree).
-        cores = _slice(own, local_rank, local_size)
+        cores = _slice(own, local_rank, local_size, {cpu: _topology(cpu) for cpu in own})
     else:
         cores = _agreed_cpu_share(hvd, rank, own, intra, threads_given=threads > 0)
     if len(cores) < len(own):

@@ -115,24 +115,27 @@ def test_ranks_keep_cores_mpirun_bound_them_to_or_split_a_binding_they_share(bin
 
 
 def test_ranks_bound_to_overlapping_cores_get_cores_of_their_own_and_rank_0_says_so(tmp_path):
-    """A rankfile binds rank 0 to both cores and rank 1 to the second: they overlap without being
-    the same, so each binding is split by the 2 ranks (rank 0 keeps the first core, rank 1 the
-    second) and rank 0 warns once."""
+    """A rankfile binds rank 0 to two cores and rank 1 to the second: the bindings overlap without
+    being the same, so rank 0 gets the first core, rank 1 the second, and rank 0 warns once."""
     cores = sorted(os.sched_getaffinity(0))
-    if len(cores) < 2:
-        pytest.skip("needs 2 cores")
+    if cores[:2] != [0, 1] or dist._topology(0) == dist._topology(1):
+        pytest.skip("needs CPUs 0 and 1, two cores (a rankfile's slots number cores, not hyperthreads)")
     rankfile = tmp_path / "rankfile"
     rankfile.write_text(f"rank 0=localhost slot={cores[0]}-{cores[1]}\nrank 1=localhost slot={cores[1]}\n")
     ranks, stderr = _placements_under(_mpirun_with_its_own_binding("--rankfile", str(rankfile)))
     assert [r["cores"] for r in ranks] == [[cores[0]], [cores[1]]], ranks
-    said = "hvdtrain: warning: the launcher bound ranks 0, 1 to CPU cores that overlap without being the same"
+    said = "hvdtrain: warning: the launcher bound ranks 0, 1 to CPUs that overlap without being the same"
     assert stderr.count(said) == 1, stderr[-3000:]
 
 
-@pytest.fixture
-def flat_topology(monkeypatch):
-    """Every CPU a physical core of its own, whatever this machine's topology."""
-    monkeypatch.setattr(dist, "_topology", lambda cpu: (0, cpu))
+def _flat(*bindings) -> dict:
+    """A topology (see hvdtrain.dist._topology) in which every CPU of ``bindings`` is a physical core."""
+    return {cpu: (0, cpu) for cpus in bindings for cpu in cpus}
+
+
+def _shares(bindings, topology=None) -> tuple:
+    bindings = [set(b) for b in bindings]
+    return _cpu_shares(bindings, topology or _flat(*bindings))
 
 
 def _disjoint(shares) -> bool:
@@ -141,15 +144,15 @@ def _disjoint(shares) -> bool:
 
 @pytest.mark.parametrize("bindings, shares", [
     ([range(8)] * 4, [(0, 1), (2, 3), (4, 5), (6, 7)]),                # nothing bound: one slice per rank
-    ([range(2)] * 4, [(0, 1)] * 4),                                    # more ranks than cores: keep them all
+    ([range(2)] * 4, [(0, 1)] * 4),                                    # more ranks than CPUs: keep them all
     ([[0], [1]], [(0,), (1,)]),                                        # mpirun --bind-to core: keep the core
     ([range(4 * r, 4 * r + 4) for r in range(4)],                      # --map-by slot:PE=4
      [(0, 1, 2, 3), (4, 5, 6, 7), (8, 9, 10, 11), (12, 13, 14, 15)]),
     ([range(8), range(8, 16)] * 2, [(0, 1, 2, 3), (8, 9, 10, 11), (4, 5, 6, 7), (12, 13, 14, 15)]),  # 2 per socket
     ([range(8), [8, 9]], [tuple(range(8)), (8, 9)]),                   # unequal bindings of their own: kept
 ])
-def test_cpu_shares_of_bindings_that_are_the_same_or_disjoint(flat_topology, bindings, shares):
-    assert _cpu_shares([set(b) for b in bindings]) == (tuple(shares), False)
+def test_cpu_shares_of_bindings_that_are_the_same_or_disjoint(bindings, shares):
+    assert _shares(bindings) == (tuple(shares), [])
 
 
 @pytest.mark.parametrize("bindings", [
@@ -158,32 +161,42 @@ def test_cpu_shares_of_bindings_that_are_the_same_or_disjoint(flat_topology, bin
     [range(4, 8), range(8)],
     [range(8), range(8, 16), range(16)],     # two ranks bound to a socket each, one unbound
     [range(16), range(8), range(8), [3]],
+    [range(4), range(4), range(16)],         # ranks of one binding beside a wider one
+    [[0, 1], [1, 2], [0, 2], range(4)],      # a disjoint assignment only by matching
 ])
-def test_cpu_shares_of_overlapping_bindings_are_disjoint_parts_of_each(flat_topology, bindings):
-    shares, overlapping = _cpu_shares([set(b) for b in bindings])
-    assert overlapping
+def test_cpu_shares_of_overlapping_bindings_are_disjoint_parts_of_each(bindings):
+    shares, overlapping = _shares(bindings)
+    assert overlapping == list(range(len(bindings)))
     assert _disjoint(shares), shares
     for share, binding in zip(shares, bindings):
         assert share and set(share) <= set(binding), (share, binding)
 
 
-def test_cpu_shares_of_more_ranks_than_overlapping_cores_share_the_least_used(flat_topology):
-    shares, overlapping = _cpu_shares([{0, 1}, {0, 1}, {1}])
-    assert overlapping and shares == ((0,), (0,), (1,)), shares
+def test_a_binding_of_its_own_is_kept_beside_overlapping_ones():
+    shares, overlapping = _shares([[0, 1], [1, 2], [4, 5], [0, 2], range(8, 40)])
+    assert shares[2] == (4, 5) and shares[4] == tuple(range(8, 40)) and overlapping == [0, 1, 3], shares
+    assert _disjoint(shares), shares
 
 
-def test_cpu_shares_take_whole_physical_cores(monkeypatch):
-    """Linux numbering on a 4-core, 8-thread socket: CPUs 0-3 are the first hyperthreads of cores
-    0-3, CPUs 4-7 their siblings. Two ranks get two whole cores each, not the siblings of one
-    another's cores."""
-    monkeypatch.setattr(dist, "_topology", lambda cpu: (0, cpu % 4))
-    shares, _ = _cpu_shares([set(range(8))] * 2)
-    assert shares == ((0, 1, 4, 5), (2, 3, 6, 7)), shares
+def test_cpu_shares_of_more_ranks_than_overlapping_cpus_share_the_least_used():
+    shares, overlapping = _shares([{0, 1}, {0, 1}, {1}])
+    assert overlapping == [0, 1, 2] and sorted(shares) == [(0,), (0,), (1,)] and shares[2] == (1,), shares
+
+
+@pytest.mark.parametrize("cores, ranks, shares", [
+    (4, 2, [(0, 1, 4, 5), (2, 3, 6, 7)]),                     # whole cores when they divide evenly
+    (6, 4, [(0, 1, 6), (2, 7, 8), (3, 4, 9), (5, 10, 11)]),  # else CPUs in core order: edge cores split
+])
+def test_cpu_shares_keep_hyperthreads_of_a_core_together(cores, ranks, shares):
+    """Linux numbering on a socket of ``cores`` cores with 2 hyperthreads each: CPUs 0..cores-1 are
+    the first hyperthreads, cores..2*cores-1 their siblings."""
+    topology = {cpu: (0, cpu % cores) for cpu in range(2 * cores)}
+    assert _shares([range(2 * cores)] * ranks, topology) == (tuple(shares), [])
 
 
 class _FakeHorovod:
     """What :func:`hvdtrain.dist._agreed_cpu_share` uses of ``horovod.tensorflow``, with the
-    allgather's answer given: each rank's ``(machine, cores, thread-pool size)``."""
+    allgather's answer given: each rank's ``(machine, CPUs, thread-pool size, topology)``."""
 
     def __init__(self, everyone):
         self.everyone = everyone
@@ -195,23 +208,26 @@ class _FakeHorovod:
         return self.everyone
 
 
-def test_ranks_compare_bindings_by_machine_and_rank_0_warns_once(flat_topology, capsys):
-    """Two machines: on ``a`` both ranks may run on the same 4 cores, on ``b`` they are bound to
-    overlapping cores; rank 2's thread pool was sized for 2 cores and it gets 1."""
-    everyone = [("a", [0, 1, 2, 3], 2), ("b", [0, 1], 1), ("a", [0, 1, 2, 3], 2), ("b", [1], 2)]
+def test_ranks_compare_bindings_by_machine_and_rank_0_warns_once(capsys):
+    """Two machines: on ``a`` both ranks may run on the same 4 CPUs, on ``b`` they are bound to
+    overlapping CPUs; rank 3's thread pool was sized for 2 CPUs and it gets 1. On ``c``, 3 ranks
+    oversubscribe 2 CPUs: a thread each is right."""
+    everyone = [("a", [0, 1, 2, 3], 2), ("b", [0, 1], 1), ("a", [0, 1, 2, 3], 2), ("b", [1], 2),
+                ("c", [0, 1], 1), ("c", [0, 1], 1), ("c", [0, 1], 1)]
+    everyone = [(m, cpus, pool, _flat(cpus)) for m, cpus, pool in everyone]
     fake = _FakeHorovod(everyone)
-    got = [dist._agreed_cpu_share(fake, r, set(everyone[r][1]), everyone[r][2], False) for r in range(4)]
-    assert got == [(0, 1), (0,), (2, 3), (1,)], got
+    got = [dist._agreed_cpu_share(fake, r, set(everyone[r][1]), everyone[r][2], False) for r in range(7)]
+    assert got == [(0, 1), (0,), (2, 3), (1,), (0, 1), (0, 1), (0, 1)], got
     said = capsys.readouterr().err.splitlines()
     assert len(said) == 2, said  # rank 0 alone, once each
-    assert said[0].startswith("hvdtrain: warning: the launcher bound ranks 1, 3 to CPU cores that overlap"), said
-    assert said[1].startswith("hvdtrain: warning: ranks 3 sized their TensorFlow thread pools"), said
-    assert "(rank 3: 2 threads for 1 core(s))" in said[1], said
+    assert said[0].startswith("hvdtrain: warning: the launcher bound ranks 1, 3 to CPUs that overlap"), said
+    assert said[1].startswith("hvdtrain: warning: rank 3 sized TensorFlow's thread pool"), said
+    assert "(threads for CPUs: rank 3: 2 for 1)" in said[1], said
     dist._agreed_cpu_share(fake, 0, {0, 1, 2, 3}, 2, True)  # --threads given: no word on thread pools
-    assert "thread pools" not in capsys.readouterr().err
+    assert "thread pool" not in capsys.readouterr().err
 
 
-def test_a_rank_alone_keeps_its_cores_without_a_collective(flat_topology):
+def test_a_rank_alone_keeps_its_cpus_without_a_collective():
     class Alone(_FakeHorovod):
         def allgather_object(self, obj, name=None):
             raise AssertionError("no collective at world size 1")
