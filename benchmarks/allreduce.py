@@ -118,12 +118,13 @@ def gbps(size: int, seconds: float) -> float:
 
 def driver(a) -> None:
     args = ["--max-size-mib", str(a.max_size_mib)]
+    cores = common.cores_for(a.np)  # every job on np cores, one per rank, whatever the machine has
     jobs = {
-        "Horovod, Gloo": common.run_job(a.np, __file__, args + ["--backend", "horovod"], "gloo"),
-        "Horovod, MPI": common.run_job(a.np, __file__, args + ["--backend", "horovod"], "mpi"),
-        "mpi4py MPI_Allreduce": common.run_job(a.np, __file__, args + ["--backend", "mpi4py"], "mpi"),
+        "Horovod, Gloo": common.run_job(a.np, __file__, args + ["--backend", "horovod"], "gloo", cores=cores),
+        "Horovod, MPI": common.run_job(a.np, __file__, args + ["--backend", "horovod"], "mpi", cores=cores),
+        "mpi4py MPI_Allreduce": common.run_job(a.np, __file__, args + ["--backend", "mpi4py"], "mpi", cores=cores),
         "Horovod, Gloo, fusion off": common.run_job(a.np, __file__, args + ["--backend", "horovod"], "gloo",
-                                                    env={"HOROVOD_FUSION_THRESHOLD": "0"}),
+                                                    cores=cores, env={"HOROVOD_FUSION_THRESHOLD": "0"}),
     }
     bus = 2 * (a.np - 1) / a.np
     columns = [("Horovod, Gloo", "none"), ("Horovod, Gloo", "fp16"), ("Horovod, MPI", "none"),

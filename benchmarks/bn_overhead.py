@@ -34,13 +34,15 @@ def main():
     p.add_argument("--rounds", type=common.positive_int, default=7, help="alternating rounds (median over them)")
     p.add_argument("--steps", type=common.positive_int, default=10, help="steps per variant per round")
     p.add_argument("--warmup", type=common.positive_int, default=5, help="untimed steps per variant first (tracing)")
+    p.add_argument("--threads", type=common.positive_int, default=1,
+                   help="TensorFlow intra-op threads per rank (default 1, as every other benchmark here)")
     p.add_argument("--json", default=None, help="also write the results to this JSON file")
     p.add_argument("--plot", default=str(common.REPO / "benchmarks" / "figures" / "bn_overhead.png"))
     a = p.parse_args()
     if "hvdtrain" not in a.variants or len(set(a.variants)) != len(a.variants) or len(a.variants) < 2:
         p.error(f"argument --variants: give hvdtrain and at least one other variant, each once; got {' '.join(a.variants)}")
 
-    ctx = init_distributed()
+    ctx = init_distributed(threads=a.threads)
     import tensorflow as tf
     from hvdtrain import SyncBatchNormalization
     from hvdtrain.data import make_synthetic

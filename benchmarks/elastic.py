@@ -49,11 +49,17 @@ def rank0_pid(job: subprocess.Popen) -> int:
     raise SystemExit("rank 0 of the elastic job not found")
 
 
-def wait_until(condition, job: subprocess.Popen, what: str, timeout: float = 1800) -> None:
+def wait_until(condition, job: subprocess.Popen, log: Path, what: str, timeout: float = 1800) -> None:
+    """Wait for ``condition()``; if the job ends or ``timeout`` s pass first, end the job's process
+    group and exit with the end of its output (``log``)."""
     deadline = time.time() + timeout
     while not condition():
         if job.poll() is not None or time.time() > deadline:
-            raise SystemExit(f"elastic job ended or timed out before {what}:\n{job.communicate()[0][-4000:]}")
+            if job.poll() is None:
+                os.killpg(job.pid, signal.SIGKILL)
+                job.wait()
+            raise SystemExit(f"elastic job ended (exit {job.returncode}) or timed out before {what}:\n"
+                             f"{log.read_text()[-4000:]}")
         time.sleep(0.5)
 
 
@@ -83,26 +89,28 @@ def run_elastic(train_args: list, run_dir: Path, work: Path, kill_after: int) ->
     argv = [str(common.BIN / "horovodrun"), "-np", "2", "--min-np", "1", "--max-np", "2",
             "--host-discovery-script", str(discover), sys.executable, *train_args,
             "--elastic", "--commit-every", "20", "--log-dir", str(run_dir)]
+    log = work / "elastic.log"  # a file, not a pipe: nothing reads the job's output while it runs
     start = time.time()
-    job = subprocess.Popen(argv, cwd=common.REPO, env=common.env_for_ranks({"CUDA_VISIBLE_DEVICES": ""}),
-                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    with open(log, "w") as out:
+        job = subprocess.Popen(argv, cwd=common.REPO, env=common.env_for_ranks({"CUDA_VISIBLE_DEVICES": ""}),
+                               stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         chief = rank0_pid(job)
-        wait_until(lambda: len(epochs_logged(run_dir)) >= kill_after, job, f"epoch {kill_after}")
+        wait_until(lambda: len(epochs_logged(run_dir)) >= kill_after, job, log, f"epoch {kill_after}")
         time.sleep(3.0)  # into the next epoch
         os.kill(chief, signal.SIGKILL)
         print(f"killed rank 0 (pid {chief}) in epoch {kill_after + 1}", flush=True)
-        wait_until(lambda: any(e["world_size"] == 1 for e in epochs_logged(run_dir)), job, "an epoch alone")
+        wait_until(lambda: any(e["world_size"] == 1 for e in epochs_logged(run_dir)), job, log, "an epoch alone")
         with open(hosts, "a") as f:
             f.write(f"{own_ipv4()}:1\n")
         print(f"added a worker after epoch {len(epochs_logged(run_dir))}", flush=True)
-        out, _ = job.communicate()
+        wait_until(lambda: job.poll() is not None, job, log, "the end of training")
     finally:
         if job.poll() is None:
             os.killpg(job.pid, signal.SIGKILL)
-    (work / "elastic.log").write_text(out)
+            job.wait()
     if job.returncode != 0:
-        raise SystemExit(f"elastic job failed (exit {job.returncode}):\n{out[-5000:]}")
+        raise SystemExit(f"elastic job failed (exit {job.returncode}):\n{log.read_text()[-5000:]}")
     return time.time() - start
 
 
@@ -123,6 +131,9 @@ def main() -> None:
         seconds = {"normal": run(common.launch_command(2, [*train_args, "--log-dir", str(work / "normal")])),
                    "elastic": run_elastic(train_args, work / "elastic", work, a.kill_after)}
         runs = {name: epochs_logged(work / name) for name in seconds}
+        short = {name: len(r) for name, r in runs.items() if len(r) != a.epochs}
+        if short:
+            raise SystemExit(f"expected {a.epochs} epochs logged by each job, got {short}")
         if runs["elastic"][-1]["world_size"] != 2:
             print("the worker added back did not join; the elastic job's output ends:\n"
                   + (work / "elastic.log").read_text()[-6000:], flush=True)

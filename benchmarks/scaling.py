@@ -32,6 +32,8 @@ def worker(a) -> None:
     from hvdtrain.dist import init_distributed
 
     ctx = init_distributed(threads=a.threads, use_gpu=a.gpu)
+    if a.gpu and ctx.device != "/GPU:0":
+        raise SystemExit("--gpu: this rank sees no GPU (TensorFlow built without CUDA, or CUDA_VISIBLE_DEVICES)")
     import tensorflow as tf
 
     if a.mixed_precision:
@@ -43,8 +45,8 @@ def worker(a) -> None:
     _, run = common.hvdtrain_stepper(ctx, model, dataset, a.batch_size)
     img_secs = common.images_per_second(run, a.batch_size, a.warmup_batches, a.iters, a.batches_per_iter)
     mean, ci = common.mean_ci(img_secs)
-    # Every rank's mean, so the per-rank figure is not rank 0's alone.
-    per_rank = ctx.allreduce_sum([mean], "bench.per_rank")[0] / ctx.size
+    # Every rank's mean and interval, so the per-rank figures are not rank 0's alone.
+    per_rank, ci = ctx.allreduce_sum([mean, ci], "bench.per_rank") / ctx.size
     rss = common.gather_rss(ctx)
     if ctx.is_chief:
         common.write_result(a.result, {"np": ctx.size, "per_rank": per_rank, "ci": ci, "rank0_mean": mean,
@@ -79,7 +81,11 @@ def summarize(runs, base_runs, ceilings, np_: int) -> dict:
 
 
 def driver(a) -> None:
-    max_np = a.max_np or (1 if a.gpu else len(os.sched_getaffinity(0)))
+    cores = len(os.sched_getaffinity(0))
+    max_np = a.max_np or (1 if a.gpu else cores // a.threads)
+    if not a.gpu and max_np * a.threads > cores:  # refused before any job runs, not at the np that lacks them
+        raise SystemExit(f"--max-np {max_np} with --threads {a.threads} needs {max_np * a.threads} cores, this "
+                         f"machine gives {cores}")
     nps = list(range(1, max_np + 1))
     with_ceiling = not (a.gpu or a.no_ceiling)
     results = {}
@@ -120,13 +126,13 @@ def driver(a) -> None:
             if with_ceiling:
                 row += ([f"{result['ceiling']:.3f} ({result['ceiling_range'][0]:.3f}-{result['ceiling_range'][1]:.3f})",
                          f"{result['of_ceiling']:.3f}"] if "ceiling" in result else ["", ""])
-            rows.append(row + [f"{max(r['rss_mib']):.0f}"])
+            rows.append(row + [" / ".join(f"{m:.0f}" for m in r["rss_mib"])])
     common.print_table(["model", "np", "img/s per rank", "img/s total", "scaling efficiency (range)"]
                        + (["ceiling, no communication (range)", "efficiency / ceiling (median)"] if with_ceiling
                           else [])
-                       + ["peak RSS/rank MiB"],
+                       + ["peak RSS per rank MiB"],
                        rows, title=f"hvdtrain training throughput ({a.transport}, local batch {a.batch_size}, "
-                                   f"{'GPU' if a.gpu else '1 core per rank'}, median of {a.repeats} repeats)")
+                                   f"{'GPU' if a.gpu else f'{a.threads} core(s) per rank'}, median of {a.repeats} repeats)")
     plt = common.matplotlib_pyplot()
     fig, axes = plt.subplots(1, len(a.models), figsize=(5 * len(a.models), 4), squeeze=False)
     for ax, model in zip(axes[0], a.models):

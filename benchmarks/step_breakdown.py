@@ -11,7 +11,9 @@ real Fashion-MNIST, local batch 128, one core per rank), so machine noise hits t
 * ``barrier``: the same plus one payload-free allreduce per step after the backward pass: what
   waiting for the slower rank costs;
 * ``hvdtrain``: ``hvd.DistributedOptimizer``, the gradients allreduced (the real step): Horovod
-  negotiates each gradient as the backward pass produces it, and fuses what is ready together;
+  negotiates each gradient as the backward pass produces it, and fuses what is ready together.
+  Its optimizer is hvdtrain's own, with the cosine learning-rate schedule, where the other
+  variants use a constant rate: "hvdtrain - barrier" also counts the schedule's few scalar ops;
 * ``one group``: the same with Horovod's ``groups=1``: one grouped allreduce of every gradient,
   negotiated once, after the backward pass (what per-gradient negotiation costs);
 * ``allreduce only``: the allreduce of a gradient-sized float32 tensor in a compiled function, no

@@ -19,6 +19,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 
 import common
 
@@ -105,11 +106,17 @@ def run_mwms(a, sync_bn: bool) -> dict:
             procs.append(subprocess.Popen(["taskset", "-c", str(core), *args], env=env, cwd=common.REPO,
                                           stdout=logs[-1], stderr=subprocess.STDOUT, text=True))
         try:
-            for p in procs:
-                p.wait(timeout=900)
+            # All workers at once: one that fails leaves the others blocked in a collective, so stop
+            # at the first failure instead of waiting out each worker in turn.
+            deadline = time.time() + 900
+            while any(p.poll() is None for p in procs) and not any(p.poll() for p in procs):
+                if time.time() > deadline:
+                    raise SystemExit("MultiWorkerMirroredStrategy job still running after 900 s")
+                time.sleep(0.2)
         finally:
             for p in procs:
                 p.kill()
+                p.wait()
         outputs = []
         for log in logs:
             log.seek(0)
