@@ -29,7 +29,8 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--models", nargs="+", default=["cnn", "resnet20"], choices=["cnn", "resnet20"])
     p.add_argument("--variants", nargs="+", default=["local", "hvdtrain", "horovod"], choices=list(VARIANTS),
-                   help="what to time, in this order within each round (must include hvdtrain)")
+                   help="what to time, in this order within each round, reversed every other round "
+                        "(must include hvdtrain)")
     p.add_argument("--batch-size", type=common.positive_int, default=128, help="local batch per rank")
     p.add_argument("--rounds", type=common.positive_int, default=7, help="alternating rounds (median over them)")
     p.add_argument("--steps", type=common.positive_int, default=10, help="steps per variant per round")

@@ -109,7 +109,9 @@ class SideBySide:
 
 def alternating_step_times(ctx, runs: dict, warmup: int, rounds: int, steps: int) -> Dict[str, float]:
     """Seconds per step of each ``runs[name](n)`` (n steps, waiting for the last), timed in
-    alternating rounds so that machine noise hits every variant alike.
+    alternating rounds so that machine noise hits every variant alike. Every other round runs the
+    variants in reverse order (A B, B A, ...), so that running first or last in a round (a warm or
+    a cold cache, a pending allreduce) does not favour one variant.
 
     Returns, per name, the mean over ranks of each rank's median over ``rounds`` (ranks wait for
     each other, so they agree closely). A collective.
@@ -117,8 +119,8 @@ def alternating_step_times(ctx, runs: dict, warmup: int, rounds: int, steps: int
     for run in runs.values():
         run(warmup)  # tracing and allocation, untimed
     samples = {name: [] for name in runs}
-    for _ in range(rounds):
-        for name, run in runs.items():
+    for round_ in range(rounds):
+        for name, run in (list(runs.items()) if round_ % 2 == 0 else list(runs.items())[::-1]):
             start = time.perf_counter()
             run(steps)
             samples[name].append((time.perf_counter() - start) / steps)
