@@ -1,9 +1,14 @@
-"""Rank 0's callbacks that need no ranks: the progress bar, metrics.jsonl and TensorBoard on a resumed run."""
+"""Callbacks that need no ranks: the progress bar, metrics.jsonl and TensorBoard on a resumed run, the
+elastic commit's timeline."""
 import io
 import json
 import time
 
-from hvdtrain.callbacks import Callback, EpochLine, JsonlMetrics, ProgressBar, TensorBoard, close_all, logged_epochs
+import numpy as np
+
+from hvdtrain.callbacks import (Callback, ElasticCommit, EpochLine, JsonlMetrics, ProgressBar, TensorBoard, close_all,
+                                logged_epochs)
+from hvdtrain.sharding import ShardPlan
 from tests.logs import tensorboard_scalars
 
 
@@ -114,3 +119,40 @@ def test_close_all_closes_every_callback_and_warns_of_a_failure(capsys):
     assert all(cb.closed for cb in callbacks)
     assert capsys.readouterr().err == ("hvdtrain: warning: closing _Closing failed: OSError: [Errno 28] No space left "
                                        "on device\n")
+
+
+class _ElasticState:
+    """What :class:`hvdtrain.callbacks.ElasticCommit` uses of the elastic training state."""
+
+    def __init__(self):
+        self.saves, self.host_checks = [], 0
+
+    def save(self):
+        self.saves.append((self.epoch, self.example, self.epoch_sums))
+
+    def check_host_updates(self):
+        self.host_checks += 1
+
+
+def test_elastic_commits_at_every_checkpoint_and_epoch_end_and_checks_hosts_after_agreement():
+    """Every mid-epoch checkpoint commits, at the next example of the epoch's permutation, so a
+    rollback never returns to a state older than a checkpoint on disk and the checkpoints stay one
+    timeline; each epoch end commits the next epoch's start. Workers that joined or left are looked
+    for once per commit, after the ranks agree on rank 0's writes, except at the last epoch's end,
+    where the job ends."""
+    state = _ElasticState()
+    plan = ShardPlan(num_examples=100, local_batch=5, world_size=2, rank=0)  # global batch 10
+    commit = ElasticCommit(state, plan, epochs=2)
+    commit.on_mid_epoch_checkpoint(0, 3, np.array([1.5, 2.0, 30.0]))
+    assert state.saves == [(0, 30, [1.5, 2.0, 30.0])] and state.host_checks == 0
+    commit.after_agreement()
+    commit.after_agreement()
+    assert state.host_checks == 1
+    commit.on_epoch_end(0, {})
+    commit.after_agreement()
+    assert state.saves[-1] == (1, 0, None) and state.host_checks == 2
+    commit.on_mid_epoch_checkpoint(1, 7, np.array([0.5, 1.0, 70.0]))
+    commit.on_epoch_end(1, {})
+    commit.after_agreement()
+    assert [s[:2] for s in state.saves] == [(0, 30), (1, 0), (1, 70), (2, 0)]
+    assert state.host_checks == 2  # the last commit looks for no workers
