@@ -2,6 +2,7 @@
 
     .venv/bin/horovodrun -np 2 --gloo .venv/bin/python benchmarks/vs_horovod.py
     .venv/bin/python benchmarks/vs_horovod.py --launch 2        # the same, launched for you
+    .venv/bin/python benchmarks/vs_horovod.py --launch 2 --transport mpi
 
 The plain loop is written as Horovod's ``examples/tensorflow2/tensorflow2_mnist.py`` writes it: a
 ``tf.data`` pipeline (``from_tensor_slices`` -> ``repeat`` -> ``shuffle(10000)`` ->
@@ -99,7 +100,8 @@ def worker(a) -> None:
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--launch", type=common.positive_int, default=None, metavar="NP",
-                   help="start NP ranks with horovodrun --gloo")
+                   help="start NP ranks with horovodrun (see --transport)")
+    p.add_argument("--transport", default="gloo", choices=["gloo", "mpi"], help="with --launch: Gloo or MPI")
     p.add_argument("--batch-size", type=common.positive_int, default=128, help="local batch per rank")
     p.add_argument("--rounds", type=common.positive_int, default=9)
     p.add_argument("--steps", type=common.positive_int, default=20, help="steps per loop per round")
@@ -113,7 +115,7 @@ def main():
     if a.launch:
         args = [f"--{k.replace('_', '-')}={v}" for k, v in vars(a).items()
                 if k in ("batch_size", "rounds", "steps", "warmup", "threads", "plot")]
-        common.run_job(a.launch, __file__, args, "gloo", stream=True)
+        common.run_job(a.launch, __file__, args, a.transport, stream=True)
     else:
         worker(a)
 
