@@ -31,9 +31,12 @@ import common
 def worker(a) -> None:
     from hvdtrain.dist import init_distributed
 
+    from hvdtrain.errors import HvdtrainError
+
     ctx = init_distributed(threads=a.threads, use_gpu=a.gpu)
-    if a.gpu and ctx.device != "/GPU:0":
-        raise SystemExit("--gpu: this rank sees no GPU (TensorFlow built without CUDA, or CUDA_VISIBLE_DEVICES)")
+    # Every rank stops together (a rank leaving alone would leave the others in a collective).
+    ctx.agree(HvdtrainError("--gpu: a rank sees no GPU (TensorFlow without CUDA, or CUDA_VISIBLE_DEVICES)")
+              if a.gpu and ctx.device != "/GPU:0" else None, "finding a GPU")
     import tensorflow as tf
 
     if a.mixed_precision:
@@ -82,7 +85,7 @@ def summarize(runs, base_runs, ceilings, np_: int) -> dict:
 
 def driver(a) -> None:
     cores = len(os.sched_getaffinity(0))
-    max_np = a.max_np or (1 if a.gpu else cores // a.threads)
+    max_np = a.max_np or (1 if a.gpu else max(1, cores // a.threads))
     if not a.gpu and max_np * a.threads > cores:  # refused before any job runs, not at the np that lacks them
         raise SystemExit(f"--max-np {max_np} with --threads {a.threads} needs {max_np * a.threads} cores, this "
                          f"machine gives {cores}")
@@ -132,7 +135,8 @@ def driver(a) -> None:
                           else [])
                        + ["peak RSS per rank MiB"],
                        rows, title=f"hvdtrain training throughput ({a.transport}, local batch {a.batch_size}, "
-                                   f"{'GPU' if a.gpu else f'{a.threads} core(s) per rank'}, median of {a.repeats} repeats)")
+                                   f"{'GPU' if a.gpu else f'{a.threads} core(s) per rank'}, "
+                                   f"median of {a.repeats} repeats)")
     plt = common.matplotlib_pyplot()
     fig, axes = plt.subplots(1, len(a.models), figsize=(5 * len(a.models), 4), squeeze=False)
     for ax, model in zip(axes[0], a.models):

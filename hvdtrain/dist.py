@@ -251,8 +251,8 @@ def _machine_slot(max_slots: int = 256) -> int:
 
 
 def _machine_id() -> str:
-    """Identifies this machine (the kernel's boot id: containers on one machine share it and its
-    cores), or its hostname where the boot id cannot be read."""
+    """This machine's identity: the kernel's boot id (containers on one machine share it, and its
+    cores), or the hostname where the boot id cannot be read."""
     try:
         with open("/proc/sys/kernel/random/boot_id") as f:
             return f.read().strip()
@@ -263,9 +263,10 @@ def _machine_id() -> str:
 
 
 def _launch_cores() -> frozenset:
-    """The cores this process's parent may run on (the launcher or its daemon: ``mpirun``,
+    """The CPUs this process's parent may run on: those of the launcher or its daemon (``mpirun``,
     ``orted``, ``slurmstepd``, ``horovodrun``), which a launcher's binding of this process narrows;
-    this process's own where the parent's cannot be read."""
+    this process's own where the parent's cannot be read. (A wrapper between launcher and rank,
+    ``mpirun ... bash wrap.sh``, has the rank's binding: :func:`_expected_share` then guesses.)"""
     try:
         return frozenset(os.sched_getaffinity(os.getppid()))
     except OSError:
@@ -315,6 +316,12 @@ def _slice(cpus, index: int, count: int, topology) -> tuple:
     hyperthreads adjacent, so at most the cores at the slices' edges are split); all of ``cpus``
     when there are fewer than ``count`` (oversubscribed).
 
+    Args:
+        cpus: logical CPU ids (ints).
+        index: which slice, in ``[0, count)``.
+        count: the number of slices.
+        topology: :func:`_topology`'s answer for every one of ``cpus`` (a mapping).
+
     Returns:
         The slice's CPUs (ints, ascending).
     """
@@ -330,9 +337,16 @@ def _slice(cpus, index: int, count: int, topology) -> tuple:
 
 
 def _overlap_groups(bindings) -> list:
-    """The ranks (indices into ``bindings``) in groups connected by CPUs they may both run on, in
-    order of their lowest rank: ranks of one group share CPUs with one another, directly or through
-    other ranks of the group; ranks of different groups share none."""
+    """The ranks in groups connected by CPUs they may both run on: ranks of one group share CPUs
+    with one another, directly or through other ranks of the group; ranks of different groups
+    share none (union-find over the CPUs).
+
+    Args:
+        bindings: the CPUs (sets of ints) each rank may run on, in rank order.
+
+    Returns:
+        Lists of indices into ``bindings``, ascending, in order of their lowest index.
+    """
     parent = list(range(len(bindings)))
 
     def root(i):
@@ -354,18 +368,27 @@ def _overlap_groups(bindings) -> list:
 
 def _share_overlapping(bindings, topology) -> list:
     """Disjoint parts of bindings that overlap without being the same (one group of
-    :func:`_overlap_groups`): first one CPU for every rank, wherever the bindings allow that
-    (a maximum bipartite matching by augmenting paths; Kuhn 1955, "The Hungarian method for the
-    assignment problem"), the most narrowly bound rank first; then, in turns, one free CPU of its
-    binding at a time (a hyperthread of a core it holds first) to each rank with fewer than an
-    equal part of the group's CPUs. A rank left without a CPU shares its binding's least used one.
+    :func:`_overlap_groups`).
+
+    First one CPU for every rank wherever the bindings allow that (a maximum bipartite matching
+    by augmenting paths: Kuhn 1955, "The Hungarian method for the assignment problem"), the most
+    narrowly bound rank first; then, in turns, one free CPU of its binding at a time to each rank
+    with fewer than an equal part of the group's CPUs, preferring a hyperthread of a core it
+    holds, then a CPU that fewer other bindings contain (so a widely bound rank leaves a narrowly
+    bound one its CPUs); then every CPU still free to the rank, among those bound to it, that
+    holds the fewest. A rank left without a CPU shares its binding's least used one.
+
+    Args:
+        bindings: the CPUs (frozensets of ints) each rank of the group may run on, in rank order.
+        topology: :func:`_topology`'s answer for every one of those CPUs (a mapping).
 
     Returns:
         Each rank's CPUs (tuples of ints, ascending), in the order of ``bindings``.
     """
     every = frozenset().union(*bindings)
     position = {cpu: k for k, cpu in enumerate(sorted(every, key=lambda c: (*topology[c], c)))}
-    in_order = [sorted(cpus, key=position.get) for cpus in bindings]
+    contained = {cpu: sum(cpu in cpus for cpus in bindings) for cpu in every}
+    in_order = [sorted(cpus, key=lambda c: (contained[c], position[c])) for cpus in bindings]
     narrowest_first = sorted(range(len(bindings)), key=lambda i: (len(bindings[i]), i))
     owner = {}
 
@@ -386,13 +409,17 @@ def _share_overlapping(bindings, topology) -> list:
     while taking:
         taking = False
         for i in narrowest_first:
-            held = {topology[cpu] for cpu in shares[i]}
             free = [cpu for cpu in in_order[i] if cpu not in owner]
             if free and len(shares[i]) < equal_part:
-                cpu = min(free, key=lambda c: (topology[c] not in held, position[c]))
+                held = {topology[cpu] for cpu in shares[i]}
+                cpu = min(free, key=lambda c: (topology[c] not in held, contained[c], position[c]))
                 owner[cpu] = i
                 shares[i].append(cpu)
                 taking = True
+    for cpu in sorted(every - owner.keys(), key=position.get):  # none idle that a rank may run on
+        i = min((i for i in narrowest_first if cpu in bindings[i]), key=lambda i: len(shares[i]))
+        owner[cpu] = i
+        shares[i].append(cpu)
     for i in range(len(bindings)):
         if not shares[i]:
             shares[i] = [min(in_order[i], key=lambda c: sum(c in s for s in shares))]

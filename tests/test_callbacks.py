@@ -152,7 +152,9 @@ def test_elastic_commits_at_every_checkpoint_and_epoch_end_and_checks_hosts_afte
     commit.after_agreement()
     assert state.saves[-1] == (1, 0, None) and state.host_checks == 2
     commit.on_mid_epoch_checkpoint(1, 7, np.array([0.5, 1.0, 70.0]))
+    commit.after_agreement()
+    assert state.host_checks == 3
     commit.on_epoch_end(1, {})
     commit.after_agreement()
     assert [s[:2] for s in state.saves] == [(0, 30), (1, 0), (1, 70), (2, 0)]
-    assert state.host_checks == 2  # the last commit looks for no workers
+    assert state.host_checks == 3  # the last commit looks for no workers

@@ -108,7 +108,8 @@ def test_ranks_keep_cores_mpirun_bound_them_to_or_split_a_binding_they_share(bin
         pytest.skip("mpirun would bind the ranks to different sockets")
     ranks, stderr = _placements_under(_mpirun_with_its_own_binding(*binding))
     assert "warning" not in stderr, stderr[-3000:]
-    assert [len(r["cores"]) for r in ranks] == ([len(cores) // 2] * 2 if binding else [1, 1]), ranks
+    physical = [{dist._topology(cpu) for cpu in r["cores"]} for r in ranks]  # mpirun binds whole cores
+    assert [len(p) for p in physical] == ([len({dist._topology(c) for c in cores}) // 2] * 2 if binding else [1, 1])
     assert not set(ranks[0]["cores"]) & set(ranks[1]["cores"]), ranks
     for r in ranks:
         assert r["thread_cores"] == r["cores"], r
@@ -123,7 +124,8 @@ def test_ranks_bound_to_overlapping_cores_get_cores_of_their_own_and_rank_0_says
     rankfile = tmp_path / "rankfile"
     rankfile.write_text(f"rank 0=localhost slot={cores[0]}-{cores[1]}\nrank 1=localhost slot={cores[1]}\n")
     ranks, stderr = _placements_under(_mpirun_with_its_own_binding("--rankfile", str(rankfile)))
-    assert [r["cores"] for r in ranks] == [[cores[0]], [cores[1]]], ranks
+    physical = [{dist._topology(cpu) for cpu in r["cores"]} for r in ranks]  # a core's hyperthreads, if any
+    assert physical == [{dist._topology(0)}, {dist._topology(1)}], ranks
     said = "hvdtrain: warning: the launcher bound ranks 0, 1 to CPUs that overlap without being the same"
     assert stderr.count(said) == 1, stderr[-3000:]
 
@@ -172,6 +174,14 @@ def test_cpu_shares_of_overlapping_bindings_are_disjoint_parts_of_each(bindings)
         assert share and set(share) <= set(binding), (share, binding)
 
 
+@pytest.mark.parametrize("bindings, shares", [
+    ([range(8), [0]], [tuple(range(1, 8)), (0,)]),              # no CPU left idle
+    ([range(16), range(8)], [tuple(range(8, 16)), tuple(range(8))]),  # the wide rank leaves the narrow one its CPUs
+])
+def test_overlapping_bindings_leave_no_cpu_idle_and_narrow_ranks_their_cpus(bindings, shares):
+    assert _shares(bindings) == (tuple(shares), [0, 1])
+
+
 def test_a_binding_of_its_own_is_kept_beside_overlapping_ones():
     shares, overlapping = _shares([[0, 1], [1, 2], [4, 5], [0, 2], range(8, 40)])
     assert shares[2] == (4, 5) and shares[4] == tuple(range(8, 40)) and overlapping == [0, 1, 3], shares
@@ -205,6 +215,8 @@ class _FakeHorovod:
         return len(self.everyone)
 
     def allgather_object(self, obj, name=None):
+        machine, cpus, pool, topology = obj  # what a rank sends: its machine, CPUs, pool size, topology
+        assert machine and (cpus, pool) in [(e[1], e[2]) for e in self.everyone] and set(topology) == set(cpus), obj
         return self.everyone
 
 
