@@ -5,7 +5,8 @@
 For each model, builds one copy per variant that differ only in their batch norm layer (and where
 the ReLU after it runs), then times rounds of training steps alternating between them in the order
 given (so machine noise hits every variant alike). Rank 0 prints a Markdown table of median step
-times and hvdtrain's ratio to each other variant, and plots the step times relative to local
+times and hvdtrain's ratio to each other variant (the median of the rounds' own ratios), and plots
+the step times relative to local
 BatchNorm (``--plot``). Every step is hvdtrain's real compiled training step (gather, forward,
 backward, gradient allreduce, SGD update).
 
@@ -62,31 +63,33 @@ def main():
             tf.keras.utils.set_random_seed(0)
             model = builders[model_name](data.input_shape, data.num_classes, norm=norms[variant])
             runs[variant] = common.hvdtrain_stepper(ctx, model, data, a.batch_size)[1]
-        medians = common.alternating_step_times(ctx, runs, a.warmup, a.rounds, a.steps)
-        results[model_name] = medians
+        results[model_name] = common.alternating_step_times(ctx, runs, a.warmup, a.rounds, a.steps)
         if ctx.is_chief:
             print(f"{model_name} np={ctx.size} local batch {a.batch_size}: " + "  ".join(
-                f"{v} {t * 1e3:.2f} ms" for v, t in medians.items()), flush=True)
+                f"{v} {t * 1e3:.2f} ms" for v, t in results[model_name].medians().items()), flush=True)
     rss = common.gather_rss(ctx)
     if ctx.is_chief:
         names = {"cnn": "seed CNN", "resnet20": "ResNet-20"}
-        rows = [[names[model_name], *(f"{m[v] * 1e3:.2f}" for v in a.variants),
-                 *(m["hvdtrain"] / m[v] for v in others)] for model_name, m in results.items()]
+        rows = [[names[model_name], *(f"{times.median(v) * 1e3:.2f}" for v in a.variants),
+                 *(times.ratio("hvdtrain", v) for v in others)] for model_name, times in results.items()]
         common.print_table(
             ["model", *(f"{VARIANTS[v][0]} ms" for v in a.variants), *(f"hvdtrain / {VARIANTS[v][1]}" for v in others)],
-            rows, title=f"np={ctx.size}, local batch {a.batch_size}; median step time over {a.rounds} alternating "
-                        f"rounds of {a.steps} steps (targets: hvdtrain / local <= 1.05, hvdtrain / Horovod's <= 1)")
+            rows, title=f"np={ctx.size}, local batch {a.batch_size}; {a.rounds} alternating rounds of {a.steps} steps: "
+                        f"median step times, and the median of the rounds' ratios (targets: hvdtrain / local <= 1.05, "
+                        f"hvdtrain / Horovod's <= 1)")
         print("peak RSS per rank (MiB, every model and variant in one process): " + ", ".join(f"{r:.0f}" for r in rss))
         base = "local" if "local" in a.variants else "hvdtrain"
         common.grouped_bars(a.plot, [row[0] for row in rows],
-                            {VARIANTS[v][0]: [m[v] / m[base] for m in results.values()] for v in a.variants},
+                            {VARIANTS[v][0]: [times.ratio(v, base) for times in results.values()] for v in a.variants},
                             ylabel=f"step time / {VARIANTS[base][0]}'s",
                             title=f"synchronized BatchNorm, np={ctx.size}, local batch {a.batch_size}",
                             target=1.05 if base == "local" else None)
         if a.json:
             with open(a.json, "w") as f:
-                json.dump({"world_size": ctx.size, "batch_size": a.batch_size, "step_time_s": results, "rss_mib": rss},
-                          f, indent=1)
+                json.dump({"world_size": ctx.size, "batch_size": a.batch_size,
+                           "step_time_s": {m: times.medians() for m, times in results.items()},
+                           "round_step_times_s": {m: times.samples for m, times in results.items()},
+                           "rss_mib": rss}, f, indent=1)
     ctx.close()
 
 

@@ -107,14 +107,54 @@ class SideBySide:
             keep_busy()
 
 
-def alternating_step_times(ctx, runs: dict, warmup: int, rounds: int, steps: int) -> Dict[str, float]:
+def median_ratio(numerators: Sequence[float], denominators: Sequence[float]) -> float:
+    """The median over pairs of ``numerators[i] / denominators[i]``: the ratio of two variants
+    measured side by side in each of several rounds (or repeats), paired by round, so that a slow
+    spell of the machine, which hits both sides of one round, cancels out of that round's ratio.
+    The ratio of the two medians would compare figures from different rounds.
+
+    Raises:
+        ValueError: if the sequences are empty or differ in length.
+    """
+    if not numerators or len(numerators) != len(denominators):
+        raise ValueError(f"median_ratio needs pairs: got {len(numerators)} numerators and "
+                         f"{len(denominators)} denominators")
+    return statistics.median(n / d for n, d in zip(numerators, denominators))
+
+
+class StepTimes:
+    """Seconds per step of each variant in each alternating round (mean over ranks), from
+    :func:`alternating_step_times`.
+
+    Attributes:
+        samples: ``{variant: [seconds per step in round 0, round 1, ...]}``.
+    """
+
+    def __init__(self, samples: Dict[str, List[float]]):
+        self.samples = samples
+
+    def median(self, name: str) -> float:
+        """The variant's median seconds per step over the rounds."""
+        return statistics.median(self.samples[name])
+
+    def medians(self) -> Dict[str, float]:
+        """``{variant: median seconds per step}``, in the order the variants were timed."""
+        return {name: self.median(name) for name in self.samples}
+
+    def ratio(self, name: str, other: str) -> float:
+        """``name``'s step time over ``other``'s: the median of the per-round ratios
+        (:func:`median_ratio`)."""
+        return median_ratio(self.samples[name], self.samples[other])
+
+
+def alternating_step_times(ctx, runs: dict, warmup: int, rounds: int, steps: int) -> StepTimes:
     """Seconds per step of each ``runs[name](n)`` (n steps, waiting for the last), timed in
     alternating rounds so that machine noise hits every variant alike. Every other round runs the
     variants in reverse order (A B, B A, ...), so that running first or last in a round (a warm or
     a cold cache, a pending allreduce) does not favour one variant.
 
-    Returns, per name, the mean over ranks of each rank's median over ``rounds`` (ranks wait for
-    each other, so they agree closely). A collective.
+    Returns every round's figure per variant, each the mean over ranks (ranks wait for each
+    other, so they agree closely). A collective: one allreduce of ``rounds * len(runs)`` numbers.
     """
     for run in runs.values():
         run(warmup)  # tracing and allocation, untimed
@@ -124,8 +164,8 @@ def alternating_step_times(ctx, runs: dict, warmup: int, rounds: int, steps: int
             start = time.perf_counter()
             run(steps)
             samples[name].append((time.perf_counter() - start) / steps)
-    medians = [statistics.median(samples[name]) for name in runs]
-    return dict(zip(runs, ctx.allreduce_sum(medians, "bench.step_times") / ctx.size))
+    mean = ctx.allreduce_sum([t for name in runs for t in samples[name]], "bench.step_times") / ctx.size
+    return StepTimes({name: mean[i * rounds:(i + 1) * rounds].tolist() for i, name in enumerate(runs)})
 
 
 _HOROVOD_BN_IDS = itertools.count()

@@ -19,9 +19,9 @@ real Fashion-MNIST, local batch 128, one core per rank), so machine noise hits t
 * ``allreduce only``: the allreduce of a gradient-sized float32 tensor in a compiled function, no
   compute: the communication alone.
 
-Jobs at np = 1 and 2 alternate ``--repeats`` times; each figure is the median over repeats of each
-job's median step time. Prints a table of ms per step and the costs derived from it, and writes a
-PNG plot.
+Jobs at np = 1 and 2 alternate ``--repeats`` times; each step time is the median over repeats of each
+job's median step time, and each np=2 / np=1 ratio the median over repeats of the repeat's own
+ratio. Prints a table of ms per step and the costs derived from it, and writes a PNG plot.
 """
 import statistics
 import sys
@@ -78,7 +78,7 @@ def worker(a) -> None:
         gradients.numpy()
 
     runs["allreduce only"] = run_allreduce
-    medians = common.alternating_step_times(ctx, runs, a.warmup, a.rounds, a.steps)
+    medians = common.alternating_step_times(ctx, runs, a.warmup, a.rounds, a.steps).medians()
     rss = common.gather_rss(ctx)
     if ctx.is_chief:
         common.write_result(a.result, {"np": ctx.size, "ms": {k: v * 1e3 for k, v in medians.items()},
@@ -90,9 +90,13 @@ def driver(a) -> None:
     jobs = common.step_variant_jobs(__file__, a, lambda r: ", ".join(f"{k} {v:.2f} ms" for k, v in r["ms"].items()))
     variants = list(jobs[1][0]["ms"])
     ms = {np_: {v: statistics.median(r["ms"][v] for r in runs) for v in variants} for np_, runs in jobs.items()}
+
+    def np2_over_np1(variant: str) -> float:  # paired by repeat: jobs at np=1 and 2 alternate
+        return common.median_ratio([r["ms"][variant] for r in jobs[2]], [r["ms"][variant] for r in jobs[1]])
+
     mib = jobs[1][0]["gradient_mib"]
     common.print_table(["variant", "np=1 ms/step", "np=2 ms/step", "np=2 / np=1"],
-                       [[v, f"{ms[1][v]:.2f}", f"{ms[2][v]:.2f}", f"{ms[2][v] / ms[1][v]:.3f}"] for v in variants],
+                       [[v, f"{ms[1][v]:.2f}", f"{ms[2][v]:.2f}", f"{np2_over_np1(v):.3f}"] for v in variants],
                        title=f"seed CNN, {'synchronized' if a.sync_bn else 'per-rank'} BN, local batch {a.batch_size}, "
                              f"{a.transport}, one core per rank; median of {a.repeats} jobs per np")
     two, one = ms[2], ms[1]
@@ -104,7 +108,7 @@ def driver(a) -> None:
         [f"gradient allreduce in the step ({mib:.2f} MiB; hvdtrain - barrier)", f"{two['hvdtrain'] - two['barrier']:.2f}",
          f"{(two['hvdtrain'] - two['barrier']) / two['hvdtrain']:.1%}"],
         ["the same allreduce alone", f"{two['allreduce only']:.2f}", f"{two['allreduce only'] / two['hvdtrain']:.1%}"],
-        ["scaling efficiency (np=1 / np=2 step time)", f"{one['hvdtrain'] / two['hvdtrain']:.3f}", ""],
+        ["scaling efficiency (np=1 / np=2 step time)", f"{1 / np2_over_np1('hvdtrain'):.3f}", ""],
     ])
     common.print_job_rss(jobs)
     plt = common.matplotlib_pyplot()

@@ -16,8 +16,9 @@ queue) around timed steps, in three groups:
 Variants, alternating in rounds within each job as in ``step_breakdown.py``: ``no collectives`` (the
 plain optimizer), ``hvdtrain`` (the real step), and ``one group`` (every gradient in one grouped
 allreduce after the backward pass). Jobs at np = 1 and 2 alternate ``--repeats`` times; each figure
-is the median over jobs of the mean over ranks. Prints a table and writes a PNG plot (stacked CPU
-time per step against the step time).
+is the median over jobs of the mean over ranks, and the scaling efficiency the median over repeats
+of the repeat's own ratio. Prints a table and writes a PNG plot (stacked CPU time per step against
+the step time).
 """
 import os
 import statistics
@@ -110,10 +111,13 @@ def driver(a) -> None:
                        title=f"seed CNN, {'synchronized' if a.sync_bn else 'per-rank'} BN, local batch {a.batch_size}, "
                              f"{a.transport}, one core per rank; per step, median of {a.repeats} jobs per np")
     one, two = ms[1]["hvdtrain"], ms[2]["hvdtrain"]
+    # Paired by repeat (jobs at np=1 and 2 alternate), as scaling.py's.
+    efficiency = common.median_ratio([r["ms"]["hvdtrain"]["step"] for r in jobs[1]],
+                                     [r["ms"]["hvdtrain"]["step"] for r in jobs[2]])
     common.print_table(["hvdtrain, np=2 against np=1", "ms/step"], [
         ["step time", f"{two['step'] - one['step']:+.2f}"],
         *[[f"{g} CPU", f"{two[f'{g} run'] - one[f'{g} run']:+.2f}"] for g in GROUPS],
-        ["scaling efficiency (np=1 step / np=2 step)", f"{one['step'] / two['step']:.3f}"],
+        ["scaling efficiency (np=1 step / np=2 step)", f"{efficiency:.3f}"],
     ])
     common.print_job_rss(jobs)
     plt = common.matplotlib_pyplot()

@@ -11,7 +11,8 @@ after the first step. Both loops live in the same processes (so they get the sam
 threads), train the same seed CNN on Fashion-MNIST with the same SGD, and are timed in alternating
 rounds, so machine noise hits both alike. Two pairs: per-rank BatchNorm in both (the loops alone),
 and synchronized BatchNorm (hvdtrain's layer against Horovod's ``hvd.SyncBatchNormalization``).
-Prints median step times, the ratio hvdtrain / plain, and each rank's peak memory.
+Prints median step times, the ratio hvdtrain / plain (the median of the rounds' own ratios), and
+each rank's peak memory.
 """
 import argparse
 import sys
@@ -79,15 +80,17 @@ def worker(a) -> None:
         tf.keras.utils.set_random_seed(0)
         plain = common.build_bench_model("cnn", dataset, norm=plain_norm)
         run_plain = plain_horovod_loop(ctx, plain, dataset.x_train, dataset.y_train, a.batch_size, lr=0.05)
-        medians = common.alternating_step_times(ctx, {"hvdtrain": run_ours, "plain": run_plain}, a.warmup,
-                                                a.rounds, a.steps)
-        rows.append([pair, medians["hvdtrain"] * 1e3, medians["plain"] * 1e3, medians["hvdtrain"] / medians["plain"]])
+        times = common.alternating_step_times(ctx, {"hvdtrain": run_ours, "plain": run_plain}, a.warmup,
+                                              a.rounds, a.steps)
+        rows.append([pair, times.median("hvdtrain") * 1e3, times.median("plain") * 1e3,
+                     times.ratio("hvdtrain", "plain")])
     rss = common.gather_rss(ctx)
     if ctx.is_chief:
         common.print_table(
             ["model", "hvdtrain ms/step", "plain Horovod ms/step", "hvdtrain / plain"], rows,
             title=f"seed CNN, Fashion-MNIST, np={ctx.size}, local batch {a.batch_size}, {ctx.intra_op_threads} "
-                  f"thread(s) per rank; median of {a.rounds} alternating rounds of {a.steps} steps")
+                  f"thread(s) per rank; {a.rounds} alternating rounds of {a.steps} steps: median step times, "
+                  f"and the median of the rounds' ratios")
         print("peak RSS per rank (MiB, both loops in one process): " + ", ".join(f"{r:.0f}" for r in rss))
         common.grouped_bars(a.plot, [row[0] for row in rows],
                             {"hvdtrain": [row[1] for row in rows], "plain Horovod + Keras": [row[2] for row in rows]},

@@ -9,7 +9,7 @@ fastest input idiom of TensorFlow's guide). Each process gets one core and one i
 either way. Throughput is measured the same way in both (warm-up excluded, mean over timed
 iterations). Two pairs: per-rank BatchNorm in both, and synchronized BatchNorm (hvdtrain's layer
 against Keras' ``BatchNormalization(synchronized=True)``). Prints the throughput ratio hvdtrain /
-MWMS (median over rounds), peak memory per rank, and writes a PNG plot.
+MWMS (the median of the rounds' own ratios), peak memory per rank, and writes a PNG plot.
 """
 import argparse
 import json
@@ -150,13 +150,13 @@ def driver(a) -> None:
                   f"img/s, MWMS {theirs['total']:.0f} img/s", flush=True)
         med = {k: statistics.median(v) for k, v in totals.items()}
         pair = "synchronized BN" if sync_bn else "per-rank BN"
-        ratios[pair] = med["hvdtrain"] / med["MWMS"]
+        ratios[pair] = common.median_ratio(totals["hvdtrain"], totals["MWMS"])  # paired by round
         rows.append([pair, f"{med['hvdtrain']:.0f}", f"{med['MWMS']:.0f}", ratios[pair],
                      f"{rss['hvdtrain']:.0f}", f"{rss['MWMS']:.0f}"])
     common.print_table(["seed CNN", "hvdtrain img/s", "MWMS img/s", "hvdtrain / MWMS", "peak RSS/rank hvdtrain MiB",
                         "peak RSS/worker MWMS MiB"], rows,
-                       title=f"hvdtrain over {a.transport}; np={a.np} workers, 1 core each, local batch {a.batch_size}, Fashion-MNIST; median of "
-                             f"{a.rounds} alternating rounds")
+                       title=f"hvdtrain over {a.transport}; np={a.np} workers, 1 core each, local batch {a.batch_size}, Fashion-MNIST; "
+                             f"{a.rounds} alternating rounds: median throughputs, and the median of the rounds' ratios")
     common.grouped_bars(a.plot, [row[0] for row in rows],
                         {"hvdtrain": [float(row[1]) for row in rows],
                          "MultiWorkerMirroredStrategy": [float(row[2]) for row in rows]},

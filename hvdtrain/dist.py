@@ -14,7 +14,7 @@ from typing import Callable, Optional, Sequence, TypeVar
 import numpy as np
 
 from hvdtrain.errors import HvdtrainError, say
-from hvdtrain.watchdog import configure_horovod_stall_check, in_collective
+from hvdtrain.watchdog import configure_horovod_stall_check, in_collective, machine_id
 
 T = TypeVar("T")
 
@@ -248,18 +248,6 @@ def _machine_slot(max_slots: int = 256) -> int:
         _SLOT_LOCKS.append(lock)
         return slot
     raise HvdtrainError(f"more than {max_slots} hvdtrain workers on this machine")
-
-
-def _machine_id() -> str:
-    """This machine's identity: the kernel's boot id (containers on one machine share it, and its
-    cores), or the hostname where the boot id cannot be read."""
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            return f.read().strip()
-    except OSError:
-        import socket
-
-        return socket.gethostname()
 
 
 def _launch_cores() -> frozenset:
@@ -503,7 +491,7 @@ def _agreed_cpu_share(hvd, rank: int, own, intra: int, threads_given: bool) -> t
     if hvd.size() == 1:
         return _slice(own, 0, 1, topology)
     with in_collective("comparing the ranks' CPU bindings (allgather)"):
-        everyone = hvd.allgather_object((_machine_id(), sorted(own), intra, topology), name="hvdtrain.cpu_bindings")
+        everyone = hvd.allgather_object((machine_id(), sorted(own), intra, topology), name="hvdtrain.cpu_bindings")
     shares, per_rank, overlapping = [()] * len(everyone), [1] * len(everyone), []
     for machine in dict.fromkeys(m for m, _, _, _ in everyone):
         on_machine = [r for r, (m, _, _, _) in enumerate(everyone) if m == machine]

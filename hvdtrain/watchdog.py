@@ -54,14 +54,24 @@ _FAILED = "FAILED: "
 _STOPPED = "STOPPED"
 
 
-def _host_id() -> str:
-    """Identifies this machine and PID namespace (kernel boot id, pid namespace), whatever the hostname says."""
+def machine_id() -> str:
+    """This machine's identity, whatever the hostname says: the kernel's boot id (containers on one
+    machine share it, and its cores), or the hostname where the boot id cannot be read."""
     try:
         with open("/proc/sys/kernel/random/boot_id") as f:
-            boot = f.read().strip()
-        return f"{boot}/{os.readlink('/proc/self/ns/pid')}"  # containers on one host share the boot id
+            return f.read().strip()
     except OSError:
         return socket.gethostname()
+
+
+def _host_id() -> str:
+    """Identifies this machine and PID namespace: containers on one machine share its boot id
+    (:func:`machine_id`), not their process ids."""
+    try:
+        namespace = os.readlink("/proc/self/ns/pid")
+    except OSError:
+        namespace = ""
+    return f"{machine_id()}/{namespace}"
 
 
 def _process_alive(pid: int) -> bool:

@@ -11,6 +11,7 @@ import math
 import re
 import threading
 import time
+from types import SimpleNamespace
 from typing import Dict, List
 
 import pytest
@@ -95,6 +96,48 @@ def test_scaling_figures_are_medians_of_per_repeat_ratios(monkeypatch):
     assert got["ceiling"] == pytest.approx(0.9) and got["ceiling_range"] == pytest.approx((0.9, 1.0625))
     assert got["of_ceiling"] == pytest.approx(1.0)  # median of 0.75 / 0.9, 0.95 / 0.9 and 1.0625 / 1.0625
     assert "ceiling" not in scaling.summarize(runs, base, [], 2)
+
+
+def test_ratios_are_medians_of_per_round_ratios(monkeypatch):
+    """Side-by-side ratios pair each round's figures: with three rounds where the two differ, the
+    printed ratio is the median of the rounds' ratios, not the ratio of the medians."""
+    monkeypatch.syspath_prepend(str(BENCH))
+    import common
+
+    times = common.StepTimes({"ours": [1.1, 2.3, 2.6], "theirs": [1.25, 2.0, 3.0]})  # 0.88, 1.15, 0.867
+    assert times.medians() == {"ours": 2.3, "theirs": 2.0}  # ratio of medians: 1.15
+    assert times.ratio("ours", "theirs") == pytest.approx(0.88)
+    assert common.median_ratio([150.0, 95.0, 170.0], [100.0, 50.0, 80.0]) == pytest.approx(1.9)  # medians: 1.875
+    with pytest.raises(ValueError, match="got 2 numerators and 1 denominators"):
+        common.median_ratio([1.0, 2.0], [1.0])
+
+
+def test_alternating_rounds_reverse_the_order_and_average_over_ranks(monkeypatch):
+    """Every other round runs the variants in reverse; each round's figure is the mean over ranks
+    (one allreduce of every figure)."""
+    monkeypatch.syspath_prepend(str(BENCH))
+    import common
+    import numpy as np
+
+    calls, clock = [], iter(range(1000))
+    monkeypatch.setattr(common, "time", SimpleNamespace(perf_counter=lambda: float(next(clock))))
+
+    class TwoRanks:
+        size, sent = 2, []
+
+        def allreduce_sum(self, values, name):
+            self.sent.append(list(values))
+            return np.asarray(values, dtype=np.float64) * 3  # as if the other rank's figures were twice these
+
+    ctx = TwoRanks()
+    runs = {name: (lambda n, name=name: calls.append((name, n))) for name in ("a", "b", "c")}
+    times = common.alternating_step_times(ctx, runs, warmup=2, rounds=3, steps=4)
+    assert calls[:3] == [("a", 2), ("b", 2), ("c", 2)]  # warm-up
+    assert [name for name, _ in calls[3:]] == ["a", "b", "c", "c", "b", "a", "a", "b", "c"]
+    assert all(n == 4 for _, n in calls[3:])
+    # Each timed run spans one tick of the fake clock: 1 / 4 s per step, times 3 / 2 ranks.
+    assert len(ctx.sent) == 1 and len(ctx.sent[0]) == 9
+    assert times.samples == {name: [0.375] * 3 for name in "abc"}
 
 
 def test_side_by_side_jobs_are_timed_over_the_same_span(tmp_path, monkeypatch):
