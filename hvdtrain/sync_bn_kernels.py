@@ -15,6 +15,7 @@ import os
 import subprocess
 import sys
 import warnings
+from typing import List, Sequence
 
 import tensorflow as tf
 
@@ -99,6 +100,21 @@ def _normalize_grad(op, dy):
             tf.cast(sum_dy_centered, tf.float32), sum_dy)
 
 
+def compile_command(output: str, defines: Sequence[str] = ()) -> List[str]:
+    """The compiler command that builds the kernels into ``output``; ``defines`` are extra ``-D``
+    macros (``HVDTRAIN_CPU_CLONES=``: baseline x86-64 code alone, for tests)."""
+    # No -march=native: the library may be shared by hosts with different CPUs (one image, one file
+    # system); the source's row loops are cloned for AVX-512 and AVX2 instead, and the loader picks
+    # the widest the CPU has (see the source).
+    # -ffp-contract=off: no fused multiply-add, so the backward ops' recomputed pre-ReLU value is
+    # bit-identical to the forward op's, and the ReLU mask with it (and every clone computes alike).
+    # -fno-trapping-math: GCC may then compute the ReLU mask branch-free, so those loops vectorize
+    # (TensorFlow traps no floating-point exceptions; results are unchanged).
+    return [os.environ.get("CXX", "g++"), "-shared", "-fPIC", "-O3", "-ffp-contract=off", "-fno-trapping-math",
+            *(f"-D{d}" for d in defines), *tf.sysconfig.get_compile_flags(),
+            SOURCE, "-o", output, *tf.sysconfig.get_link_flags()]
+
+
 def build(force: bool = False) -> str:
     """Compile the kernels against the installed TensorFlow (skipped when up to date).
 
@@ -110,16 +126,7 @@ def build(force: bool = False) -> str:
     """
     if os.path.exists(LIBRARY) and _stamp_matches() and not force:
         return LIBRARY
-    # No -march=native: the library may be shared by hosts with different CPUs (one image, one file
-    # system); the kernels are memory-bound, so baseline x86-64 vector code loses little.
-    # -ffp-contract=off: no fused multiply-add, so the backward ops' recomputed pre-ReLU value is
-    # bit-identical to the forward op's, and the ReLU mask with it. -fno-trapping-math: GCC may
-    # then compute the ReLU mask branch-free, so those loops vectorize (TensorFlow traps no
-    # floating-point exceptions; results are unchanged).
-    cmd = [os.environ.get("CXX", "g++"), "-shared", "-fPIC", "-O3", "-ffp-contract=off", "-fno-trapping-math",
-           *tf.sysconfig.get_compile_flags(),
-           SOURCE, "-o", LIBRARY + ".tmp", *tf.sysconfig.get_link_flags()]
-    subprocess.run(cmd, check=True)
+    subprocess.run(compile_command(LIBRARY + ".tmp"), check=True)
     os.replace(LIBRARY + ".tmp", LIBRARY)
     with open(STAMP, "w") as f:
         f.write(_build_inputs())

@@ -4,12 +4,16 @@ Real ranks (horovodrun --gloo) at np=2 and np=3 (oversubscribed on 2 cores). Eac
 layer on its slice of the global batch; the oracle runs plain batch norm on the whole batch in one
 process, in float64, and differentiates it with TensorFlow's autodiff.
 """
+import platform
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import tensorflow as tf
 
 from hvdtrain import SyncBatchNormalization, sync_bn_kernels
-from tests.ranks import run_ranks
+from tests.ranks import REPO, rank_env, run_ranks
 from tests.workers.sync_bn_cases import case_data, cases
 
 EPSILON, MOMENTUM = 1e-3, 0.9
@@ -262,6 +266,29 @@ def test_cpu_kernels_equal_tensorflow_ops(shape, activation, monkeypatch):
         results[-1] += tape.gradient(loss, [x, layer.gamma, layer.beta])
     for a, b in zip(*results):
         np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.skipif(platform.machine() != "x86_64", reason="the kernels are cloned for x86-64 CPUs only")
+def test_cpu_clones_compute_bit_for_bit_as_baseline_code(tmp_path):
+    """The kernels' row loops run the widest clone this CPU has (AVX-512 or AVX2); the same source
+    built as baseline x86-64 code alone must give bit-identical results, so that a checkpoint or a
+    run does not depend on the CPU it ran on (and the recomputed ReLU mask matches the forward's)."""
+    if not sync_bn_kernels.available():
+        pytest.fail("SyncBatchNormalization CPU kernels are not built (python -m hvdtrain.sync_bn_kernels)")
+    baseline = str(tmp_path / "baseline.so")
+    subprocess.run(sync_bn_kernels.compile_command(baseline, defines=["HVDTRAIN_CPU_CLONES="]), check=True)
+    symbols = subprocess.run(["nm", sync_bn_kernels.LIBRARY], capture_output=True, text=True, check=True).stdout
+    assert ".avx512f" in symbols and ".avx2" in symbols, "the installed library has no CPU clones"
+    outputs = []
+    for library in (sync_bn_kernels.LIBRARY, baseline):
+        out = tmp_path / f"{len(outputs)}.npz"
+        subprocess.run([sys.executable, "-m", "tests.workers.kernel_outputs", library, str(out)], cwd=REPO,
+                       env=rank_env(), check=True, capture_output=True, timeout=120)
+        outputs.append(np.load(out))
+    cloned, plain = outputs
+    assert sorted(cloned.files) == sorted(plain.files) and len(cloned.files) == 28
+    for name in cloned.files:
+        np.testing.assert_array_equal(cloned[name], plain[name], err_msg=name)
 
 
 def test_kernels_built_from_another_source_are_not_loaded(monkeypatch, tmp_path):
