@@ -5,10 +5,9 @@
 For each model, builds one copy per variant that differ only in their batch norm layer (and where
 the ReLU after it runs), then times rounds of training steps alternating between them in the order
 given (so machine noise hits every variant alike). Rank 0 prints a Markdown table of median step
-times and hvdtrain's ratio to each other variant (the median of the rounds' own ratios), and plots
-the step times relative to local
-BatchNorm (``--plot``). Every step is hvdtrain's real compiled training step (gather, forward,
-backward, gradient allreduce, SGD update).
+times and hvdtrain's ratio to each other variant (the median of the rounds' own ratios), and
+plots the step times relative to local BatchNorm (``--plot``). Every step is hvdtrain's real
+compiled training step (gather, forward, backward, gradient allreduce, SGD update).
 
 Variants: ``local`` (Keras BatchNormalization, per rank), ``hvdtrain`` (hvdtrain's layer, ReLU
 fused, as in the built-in models), ``horovod`` (``hvd.SyncBatchNormalization``) and ``relu-apart``

@@ -108,10 +108,17 @@ class SideBySide:
 
 
 def median_ratio(numerators: Sequence[float], denominators: Sequence[float]) -> float:
-    """The median over pairs of ``numerators[i] / denominators[i]``: the ratio of two variants
-    measured side by side in each of several rounds (or repeats), paired by round, so that a slow
-    spell of the machine, which hits both sides of one round, cancels out of that round's ratio.
-    The ratio of the two medians would compare figures from different rounds.
+    """The ratio of two variants measured side by side in each of several rounds (or repeats),
+    paired by round, so that a slow spell of the machine, which hits both sides of one round,
+    cancels out of that round's ratio. (The ratio of the two medians would compare figures from
+    different rounds.)
+
+    Args:
+        numerators: one figure per round (seconds, images/s: any unit, the same in both).
+        denominators: the other variant's figure in the same rounds, in the same order.
+
+    Returns:
+        The median over rounds of ``numerators[i] / denominators[i]``.
 
     Raises:
         ValueError: if the sequences are empty or differ in length.
@@ -124,10 +131,12 @@ def median_ratio(numerators: Sequence[float], denominators: Sequence[float]) -> 
 
 class StepTimes:
     """Seconds per step of each variant in each alternating round (mean over ranks), from
-    :func:`alternating_step_times`.
+    :func:`alternating_step_times`. Methods taking a variant name raise ``KeyError`` for one that
+    was not timed.
 
     Attributes:
-        samples: ``{variant: [seconds per step in round 0, round 1, ...]}``.
+        samples: ``{variant: [seconds per step in round 0, round 1, ...]}``, variants in the order
+            of the ``runs`` given (every other round ran them in reverse).
     """
 
     def __init__(self, samples: Dict[str, List[float]]):
@@ -138,7 +147,7 @@ class StepTimes:
         return statistics.median(self.samples[name])
 
     def medians(self) -> Dict[str, float]:
-        """``{variant: median seconds per step}``, in the order the variants were timed."""
+        """``{variant: median seconds per step}``, in the order of :attr:`samples`."""
         return {name: self.median(name) for name in self.samples}
 
     def ratio(self, name: str, other: str) -> float:
@@ -153,8 +162,16 @@ def alternating_step_times(ctx, runs: dict, warmup: int, rounds: int, steps: int
     variants in reverse order (A B, B A, ...), so that running first or last in a round (a warm or
     a cold cache, a pending allreduce) does not favour one variant.
 
-    Returns every round's figure per variant, each the mean over ranks (ranks wait for each
-    other, so they agree closely). A collective: one allreduce of ``rounds * len(runs)`` numbers.
+    Args:
+        ctx: the ranks' :class:`hvdtrain.dist.DistContext`.
+        runs: ``{variant: run}``, ``run(n)`` taking n steps and waiting for the last.
+        warmup: untimed steps of each variant first (tracing, allocation).
+        rounds: alternating rounds; steps: steps of each variant per round.
+
+    Returns:
+        :class:`StepTimes`: every round's seconds per step per variant, each the mean over ranks
+        (ranks wait for each other, so they agree closely). A collective: one allreduce of
+        ``rounds * len(runs)`` numbers.
     """
     for run in runs.values():
         run(warmup)  # tracing and allocation, untimed

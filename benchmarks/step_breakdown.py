@@ -91,14 +91,15 @@ def driver(a) -> None:
     variants = list(jobs[1][0]["ms"])
     ms = {np_: {v: statistics.median(r["ms"][v] for r in runs) for v in variants} for np_, runs in jobs.items()}
 
-    def np2_over_np1(variant: str) -> float:  # paired by repeat: jobs at np=1 and 2 alternate
-        return common.median_ratio([r["ms"][variant] for r in jobs[2]], [r["ms"][variant] for r in jobs[1]])
+    def paired(variant: str, np_: int, other: int) -> float:  # by repeat: jobs at np=1 and 2 alternate
+        return common.median_ratio([r["ms"][variant] for r in jobs[np_]], [r["ms"][variant] for r in jobs[other]])
 
     mib = jobs[1][0]["gradient_mib"]
     common.print_table(["variant", "np=1 ms/step", "np=2 ms/step", "np=2 / np=1"],
-                       [[v, f"{ms[1][v]:.2f}", f"{ms[2][v]:.2f}", f"{np2_over_np1(v):.3f}"] for v in variants],
+                       [[v, f"{ms[1][v]:.2f}", f"{ms[2][v]:.2f}", f"{paired(v, 2, 1):.3f}"] for v in variants],
                        title=f"seed CNN, {'synchronized' if a.sync_bn else 'per-rank'} BN, local batch {a.batch_size}, "
-                             f"{a.transport}, one core per rank; median of {a.repeats} jobs per np")
+                             f"{a.transport}, one core per rank; step times: median of {a.repeats} jobs per np; np=2 / np=1: "
+                             f"median of the repeats' own ratios")
     two, one = ms[2], ms[1]
     common.print_table(["cost at np=2", "ms/step", "share of the np=2 step"], [
         ["compute slowdown (no collectives, np=2 - np=1)", f"{two['no collectives'] - one['no collectives']:.2f}",
@@ -108,7 +109,7 @@ def driver(a) -> None:
         [f"gradient allreduce in the step ({mib:.2f} MiB; hvdtrain - barrier)", f"{two['hvdtrain'] - two['barrier']:.2f}",
          f"{(two['hvdtrain'] - two['barrier']) / two['hvdtrain']:.1%}"],
         ["the same allreduce alone", f"{two['allreduce only']:.2f}", f"{two['allreduce only'] / two['hvdtrain']:.1%}"],
-        ["scaling efficiency (np=1 / np=2 step time)", f"{1 / np2_over_np1('hvdtrain'):.3f}", ""],
+        ["scaling efficiency (np=1 / np=2 step time)", f"{paired('hvdtrain', 1, 2):.3f}", ""],
     ])
     common.print_job_rss(jobs)
     plt = common.matplotlib_pyplot()

@@ -66,11 +66,11 @@ def machine_id() -> str:
 
 def _host_id() -> str:
     """Identifies this machine and PID namespace: containers on one machine share its boot id
-    (:func:`machine_id`), not their process ids."""
+    (:func:`machine_id`), not their process ids. The hostname stands in for an unreadable namespace."""
     try:
         namespace = os.readlink("/proc/self/ns/pid")
     except OSError:
-        namespace = ""
+        namespace = socket.gethostname()
     return f"{machine_id()}/{namespace}"
 
 

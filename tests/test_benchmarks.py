@@ -113,14 +113,21 @@ def test_ratios_are_medians_of_per_round_ratios(monkeypatch):
 
 
 def test_alternating_rounds_reverse_the_order_and_average_over_ranks(monkeypatch):
-    """Every other round runs the variants in reverse; each round's figure is the mean over ranks
-    (one allreduce of every figure)."""
+    """Every other round runs the variants in reverse; each round's figure per variant is the mean
+    over ranks (one allreduce of every figure), and comes back under its own variant and round."""
     monkeypatch.syspath_prepend(str(BENCH))
     import common
     import numpy as np
 
-    calls, clock = [], iter(range(1000))
-    monkeypatch.setattr(common, "time", SimpleNamespace(perf_counter=lambda: float(next(clock))))
+    per_step = {"a": [1.0, 2.0, 3.0], "b": [10.0, 20.0, 30.0], "c": [100.0, 200.0, 300.0]}  # by round
+    now, calls, timed = [0.0], [], {name: 0 for name in per_step}
+    monkeypatch.setattr(common, "time", SimpleNamespace(perf_counter=lambda: now[0]))
+
+    def run(n, name):
+        calls.append((name, n))
+        if len(calls) > len(per_step):  # after the warm-up: n steps of this variant's time in this round
+            now[0] += n * per_step[name][timed[name]]
+            timed[name] += 1
 
     class TwoRanks:
         size, sent = 2, []
@@ -130,14 +137,13 @@ def test_alternating_rounds_reverse_the_order_and_average_over_ranks(monkeypatch
             return np.asarray(values, dtype=np.float64) * 3  # as if the other rank's figures were twice these
 
     ctx = TwoRanks()
-    runs = {name: (lambda n, name=name: calls.append((name, n))) for name in ("a", "b", "c")}
-    times = common.alternating_step_times(ctx, runs, warmup=2, rounds=3, steps=4)
+    times = common.alternating_step_times(ctx, {name: (lambda n, name=name: run(n, name)) for name in per_step},
+                                          warmup=2, rounds=3, steps=4)
     assert calls[:3] == [("a", 2), ("b", 2), ("c", 2)]  # warm-up
     assert [name for name, _ in calls[3:]] == ["a", "b", "c", "c", "b", "a", "a", "b", "c"]
     assert all(n == 4 for _, n in calls[3:])
-    # Each timed run spans one tick of the fake clock: 1 / 4 s per step, times 3 / 2 ranks.
     assert len(ctx.sent) == 1 and len(ctx.sent[0]) == 9
-    assert times.samples == {name: [0.375] * 3 for name in "abc"}
+    assert times.samples == {name: [1.5 * t for t in ts] for name, ts in per_step.items()}  # (1 + 2) / 2 ranks
 
 
 def test_side_by_side_jobs_are_timed_over_the_same_span(tmp_path, monkeypatch):

@@ -268,27 +268,49 @@ def test_cpu_kernels_equal_tensorflow_ops(shape, activation, monkeypatch):
         np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=2e-5, atol=2e-5)
 
 
-@pytest.mark.skipif(platform.machine() != "x86_64", reason="the kernels are cloned for x86-64 CPUs only")
+def _cpu_flags() -> set:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return {flag for line in f if line.startswith("flags") for flag in line.split(":", 1)[1].split()}
+    except OSError:
+        return set()
+
+
+@pytest.mark.skipif(platform.machine() != "x86_64" or "avx2" not in _cpu_flags(),
+                    reason="the kernels are cloned for x86-64 CPUs with AVX2 or AVX-512")
 def test_cpu_clones_compute_bit_for_bit_as_baseline_code(tmp_path):
-    """The kernels' row loops run the widest clone this CPU has (AVX-512 or AVX2); the same source
-    built as baseline x86-64 code alone must give bit-identical results, so that a checkpoint or a
-    run does not depend on the CPU it ran on (and the recomputed ReLU mask matches the forward's)."""
+    """The kernels' row loops run the widest clone this CPU has (AVX-512 or AVX2). The same source
+    built as baseline x86-64 code alone, and as AVX2 code alone, must give bit-identical results
+    (signed zeros included), so that a run does not depend on the CPU it ran on (and the
+    recomputed ReLU mask matches the forward's)."""
     if not sync_bn_kernels.available():
         pytest.fail("SyncBatchNormalization CPU kernels are not built (python -m hvdtrain.sync_bn_kernels)")
-    baseline = str(tmp_path / "baseline.so")
-    subprocess.run(sync_bn_kernels.compile_command(baseline, defines=["HVDTRAIN_CPU_CLONES="]), check=True)
-    symbols = subprocess.run(["nm", sync_bn_kernels.LIBRARY], capture_output=True, text=True, check=True).stdout
-    assert ".avx512f" in symbols and ".avx2" in symbols, "the installed library has no CPU clones"
-    outputs = []
-    for library in (sync_bn_kernels.LIBRARY, baseline):
+
+    def symbols(library: str) -> str:
+        return subprocess.run(["nm", library], capture_output=True, text=True, check=True).stdout
+
+    assert ".avx512f" in symbols(sync_bn_kernels.LIBRARY) and ".avx2" in symbols(sync_bn_kernels.LIBRARY), \
+        "the installed library has no CPU clones"
+    libraries = {"installed (widest clone)": sync_bn_kernels.LIBRARY}
+    for name, clones in [("baseline", ""), ("avx2 alone", '__attribute__((target("avx2")))')]:
+        libraries[name] = str(tmp_path / f"{name.split()[0]}.so")
+        subprocess.run(sync_bn_kernels.compile_command(libraries[name], defines=[f"HVDTRAIN_CPU_CLONES={clones}"]),
+                       check=True, capture_output=True)
+        assert ".avx" not in symbols(libraries[name]), f"the {name} build has clones"
+    outputs = {}
+    for name, library in libraries.items():
         out = tmp_path / f"{len(outputs)}.npz"
-        subprocess.run([sys.executable, "-m", "tests.workers.kernel_outputs", library, str(out)], cwd=REPO,
-                       env=rank_env(), check=True, capture_output=True, timeout=120)
-        outputs.append(np.load(out))
-    cloned, plain = outputs
-    assert sorted(cloned.files) == sorted(plain.files) and len(cloned.files) == 28
-    for name in cloned.files:
-        np.testing.assert_array_equal(cloned[name], plain[name], err_msg=name)
+        worker = subprocess.run([sys.executable, "-m", "tests.workers.kernel_outputs", library, str(out)], cwd=REPO,
+                                env=rank_env(), capture_output=True, text=True, timeout=120)
+        assert worker.returncode == 0, worker.stderr[-3000:]
+        outputs[name] = np.load(out)
+    plain = outputs.pop("baseline")
+    assert len(plain.files) == 28
+    for name, got in outputs.items():
+        assert sorted(got.files) == sorted(plain.files)
+        for op in plain.files:
+            assert got[op].dtype == plain[op].dtype and got[op].shape == plain[op].shape, (name, op)
+            assert got[op].tobytes() == plain[op].tobytes(), f"{name}: {op} differs from the baseline code"
 
 
 def test_kernels_built_from_another_source_are_not_loaded(monkeypatch, tmp_path):

@@ -47,10 +47,12 @@ using tensorflow::shape_inference::ShapeHandle;
 
 constexpr int64_t kRowsPerBlock = 256;
 
-// The row loops' clones (see the top); -DHVDTRAIN_CPU_CLONES= builds baseline code alone, which
-// tests/test_sync_bn.py compares bit for bit against the clone this CPU runs.
+// The row loops' clones (see the top): GCC on x86-64 glibc (clang does not clone templates, and
+// the loader's choice needs glibc's ifunc). -DHVDTRAIN_CPU_CLONES= builds baseline code alone, and
+// -DHVDTRAIN_CPU_CLONES='__attribute__((target("avx2")))' one width alone: tests/test_sync_bn.py
+// compares them bit for bit.
 #ifndef HVDTRAIN_CPU_CLONES
-#if defined(__x86_64__) && defined(__has_attribute)
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__GLIBC__) && defined(__has_attribute)
 #if __has_attribute(target_clones)
 #define HVDTRAIN_CPU_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 #endif
@@ -164,8 +166,9 @@ HVDTRAIN_CPU_CLONES void MomentRows(const float* x, const double* shift, int64_t
 
 // Per-channel Σg and Σg·(x - mean_hi) over rows [r0, r1), g = MaskedDy<kRelu>.
 template <bool kRelu>
-HVDTRAIN_CPU_CLONES void GradSumRows(const float* dy, const float* x, const float* h, const float* s, const float* o, int64_t C,
-                 int64_t r0, int64_t r1, double* sum_g, double* sum_g_centered) {
+HVDTRAIN_CPU_CLONES void GradSumRows(const float* dy, const float* x, const float* h, const float* s,
+                                     const float* o, int64_t C, int64_t r0, int64_t r1, double* sum_g,
+                                     double* sum_g_centered) {
   for (int64_t r = r0; r < r1; ++r) {
     const float *dr = dy + r * C, *xr = x + r * C;
     for (int64_t c = 0; c < C; ++c) {
@@ -178,8 +181,9 @@ HVDTRAIN_CPU_CLONES void GradSumRows(const float* dy, const float* x, const floa
 
 // dx = scale·g + b·(x - mean_hi) + c over rows [r0, r1), g = MaskedDy<kRelu>.
 template <bool kRelu>
-HVDTRAIN_CPU_CLONES void GradInputRows(const float* dy, const float* x, const float* h, const float* s, const float* o,
-                   const float* b, const float* c, int64_t C, int64_t r0, int64_t r1, float* dx) {
+HVDTRAIN_CPU_CLONES void GradInputRows(const float* dy, const float* x, const float* h, const float* s,
+                                       const float* o, const float* b, const float* c, int64_t C, int64_t r0,
+                                       int64_t r1, float* dx) {
   for (int64_t r = r0; r < r1; ++r) {
     const float *dr = dy + r * C, *xr = x + r * C;
     float* dxr = dx + r * C;
@@ -191,8 +195,8 @@ HVDTRAIN_CPU_CLONES void GradInputRows(const float* dy, const float* x, const fl
 
 // y = [ReLU of] the normalized value over rows [r0, r1).
 template <bool kRelu>
-HVDTRAIN_CPU_CLONES void NormalizeRows(const float* x, const float* h, const float* s, const float* o, int64_t C, int64_t r0,
-                   int64_t r1, float* y) {
+HVDTRAIN_CPU_CLONES void NormalizeRows(const float* x, const float* h, const float* s, const float* o, int64_t C,
+                                       int64_t r0, int64_t r1, float* y) {
   for (int64_t r = r0; r < r1; ++r) {
     const float* xr = x + r * C;
     float* yr = y + r * C;
