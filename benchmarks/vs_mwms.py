@@ -135,7 +135,7 @@ def driver(a) -> None:
     timing = ["--iters", str(a.iters), "--batches-per-iter", str(a.batches_per_iter),
               "--warmup-batches", str(a.warmup_batches), "--batch-size", str(a.batch_size)]
     scaling = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scaling.py")
-    rows, ratios = [], {}
+    rows = []
     for sync_bn in (False, True):
         totals = {"hvdtrain": [], "MWMS": []}
         rss = {}
@@ -150,8 +150,8 @@ def driver(a) -> None:
                   f"img/s, MWMS {theirs['total']:.0f} img/s", flush=True)
         med = {k: statistics.median(v) for k, v in totals.items()}
         pair = "synchronized BN" if sync_bn else "per-rank BN"
-        ratios[pair] = common.median_ratio(totals["hvdtrain"], totals["MWMS"])  # paired by round
-        rows.append([pair, f"{med['hvdtrain']:.0f}", f"{med['MWMS']:.0f}", ratios[pair],
+        rows.append([pair, f"{med['hvdtrain']:.0f}", f"{med['MWMS']:.0f}",
+                     common.median_ratio(totals["hvdtrain"], totals["MWMS"]),  # paired by round
                      f"{rss['hvdtrain']:.0f}", f"{rss['MWMS']:.0f}"])
     common.print_table(["seed CNN", "hvdtrain img/s", "MWMS img/s", "hvdtrain / MWMS", "peak RSS/rank hvdtrain MiB",
                         "peak RSS/worker MWMS MiB"], rows,

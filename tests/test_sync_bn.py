@@ -289,8 +289,8 @@ def test_cpu_clones_compute_bit_for_bit_as_baseline_code(tmp_path):
     def symbols(library: str) -> str:
         return subprocess.run(["nm", library], capture_output=True, text=True, check=True).stdout
 
-    assert ".avx512f" in symbols(sync_bn_kernels.LIBRARY) and ".avx2" in symbols(sync_bn_kernels.LIBRARY), \
-        "the installed library has no CPU clones"
+    installed = symbols(sync_bn_kernels.LIBRARY)
+    assert ".avx512f" in installed and ".avx2" in installed, "the installed library has no CPU clones"
     libraries = {"installed (widest clone)": sync_bn_kernels.LIBRARY}
     for name, clones in [("baseline", ""), ("avx2 alone", '__attribute__((target("avx2")))')]:
         libraries[name] = str(tmp_path / f"{name.split()[0]}.so")
