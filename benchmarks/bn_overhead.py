@@ -10,8 +10,9 @@ plots the step times relative to local BatchNorm (``--plot``). Every step is hvd
 compiled training step (gather, forward, backward, gradient allreduce, SGD update).
 
 Variants: ``local`` (Keras BatchNormalization, per rank), ``hvdtrain`` (hvdtrain's layer, ReLU
-fused, as in the built-in models), ``horovod`` (``hvd.SyncBatchNormalization``) and ``relu-apart``
-(hvdtrain's layer with the ReLU as a layer of its own: what the fusion saves).
+fused, as in the built-in models), ``horovod`` (``hvd.SyncBatchNormalization``), ``relu-apart``
+(hvdtrain's layer with the ReLU as a layer of its own: what the fusion saves) and ``per-rank``
+(hvdtrain's layer with ``synchronized=False``, as ``--no-sync-bn`` builds it).
 """
 import argparse
 import functools
@@ -22,7 +23,8 @@ from hvdtrain.dist import init_distributed
 
 # variant -> (column label, label in ratio columns)
 VARIANTS = {"local": ("local BN", "local"), "hvdtrain": ("hvdtrain", "hvdtrain"),
-            "horovod": ("Horovod's", "Horovod's"), "relu-apart": ("hvdtrain, ReLU apart", "ReLU apart")}
+            "horovod": ("Horovod's", "Horovod's"), "relu-apart": ("hvdtrain, ReLU apart", "ReLU apart"),
+            "per-rank": ("hvdtrain per-rank", "hvdtrain per-rank")}
 
 
 def main():
@@ -49,8 +51,9 @@ def main():
     from hvdtrain.data import make_synthetic
     from hvdtrain.models import norm_factory, resnet20, seed_cnn, unfused_norm
 
-    norms = {"local": norm_factory(False), "hvdtrain": norm_factory(True), "horovod": common.horovod_sync_bn,
-             "relu-apart": unfused_norm(functools.partial(SyncBatchNormalization, momentum=0.9))}
+    norms = {"local": common.keras_batch_norm, "hvdtrain": norm_factory(True), "horovod": common.horovod_sync_bn,
+             "relu-apart": unfused_norm(functools.partial(SyncBatchNormalization, momentum=0.9)),
+             "per-rank": norm_factory(False)}
     others = [v for v in a.variants if v != "hvdtrain"]
     shapes = {"cnn": (28, 28, 1), "resnet20": (32, 32, 3)}
     builders = {"cnn": functools.partial(seed_cnn, dropout=0.0), "resnet20": resnet20}
@@ -69,10 +72,14 @@ def main():
     rss = common.gather_rss(ctx)
     if ctx.is_chief:
         names = {"cnn": "seed CNN", "resnet20": "ResNet-20"}
+        # hvdtrain's layer against each other variant, and its per-rank mode against Keras' layer.
+        pairs = [("hvdtrain", v) for v in others] + (
+            [("per-rank", "local")] if {"per-rank", "local"} <= set(a.variants) else [])
         rows = [[names[model_name], *(f"{times.median(v) * 1e3:.2f}" for v in a.variants),
-                 *(times.ratio("hvdtrain", v) for v in others)] for model_name, times in results.items()]
+                 *(times.ratio(x, y) for x, y in pairs)] for model_name, times in results.items()]
         common.print_table(
-            ["model", *(f"{VARIANTS[v][0]} ms" for v in a.variants), *(f"hvdtrain / {VARIANTS[v][1]}" for v in others)],
+            ["model", *(f"{VARIANTS[v][0]} ms" for v in a.variants),
+             *(f"{VARIANTS[x][1]} / {VARIANTS[y][1]}" for x, y in pairs)],
             rows, title=f"np={ctx.size}, local batch {a.batch_size}; {a.rounds} alternating rounds of {a.steps} steps: "
                         f"median step times, and the median of the rounds' ratios (targets: hvdtrain / local <= 1.05, "
                         f"hvdtrain / Horovod's <= 1)")

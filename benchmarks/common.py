@@ -196,6 +196,15 @@ def _horovod_sync_bn_layer():
     return hvd.SyncBatchNormalization(momentum=0.9, name=f"hvd_sync_bn_{next(_HOROVOD_BN_IDS)}")
 
 
+def keras_batch_norm(x, relu: bool = False):
+    """The built-in models' ``norm`` (:data:`hvdtrain.models.Norm`) with Keras' ``BatchNormalization``
+    (per rank, momentum 0.9) and a ReLU layer after it: what a plain Keras model has."""
+    import tensorflow as tf
+    from hvdtrain.models import unfused_norm
+
+    return unfused_norm(lambda: tf.keras.layers.BatchNormalization(momentum=0.9))(x, relu=relu)
+
+
 def horovod_sync_bn(x, relu: bool = False):
     """The built-in models' ``norm`` (:data:`hvdtrain.models.Norm`) with Horovod's layer; a ReLU layer after it."""
     from hvdtrain.models import unfused_norm

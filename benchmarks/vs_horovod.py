@@ -9,8 +9,10 @@ The plain loop is written as Horovod's ``examples/tensorflow2/tensorflow2_mnist.
 ``batch``), a ``tf.function`` step with ``hvd.DistributedGradientTape``, and variables broadcast
 after the first step. Both loops live in the same processes (so they get the same cores and
 threads), train the same seed CNN on Fashion-MNIST with the same SGD, and are timed in alternating
-rounds, so machine noise hits both alike. Two pairs: per-rank BatchNorm in both (the loops alone),
-and synchronized BatchNorm (hvdtrain's layer against Horovod's ``hvd.SyncBatchNormalization``).
+rounds, so machine noise hits both alike. Three pairs: the same layers in both (Keras'
+``BatchNormalization``, per rank: the loops alone), per-rank BatchNorm as each one's user gets it
+(hvdtrain's ``--no-sync-bn`` layer against Keras'), and synchronized BatchNorm (hvdtrain's layer
+against Horovod's ``hvd.SyncBatchNormalization``).
 Prints median step times, the ratio hvdtrain / plain (the median of the rounds' own ratios), and
 each rank's peak memory.
 """
@@ -70,7 +72,8 @@ def worker(a) -> None:
     from hvdtrain.models import norm_factory
 
     dataset = common.bench_dataset("cnn", a.batch_size, ctx.size)
-    pairs = {"per-rank BN": (norm_factory(False), norm_factory(False)),
+    pairs = {"same layers (Keras BN)": (common.keras_batch_norm, common.keras_batch_norm),
+             "per-rank BN": (norm_factory(False), common.keras_batch_norm),
              "synchronized BN": (norm_factory(True), common.horovod_sync_bn)}
     rows = []
     for pair, (ours_norm, plain_norm) in pairs.items():

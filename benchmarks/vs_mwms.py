@@ -7,8 +7,9 @@ Alternates whole jobs: hvdtrain on np ranks (``mpirun``, or ``--transport gloo``
 collectives over gRPC, a custom training loop over ``distribute_datasets_from_function``, the
 fastest input idiom of TensorFlow's guide). Each process gets one core and one intra-op thread
 either way. Throughput is measured the same way in both (warm-up excluded, mean over timed
-iterations). Two pairs: per-rank BatchNorm in both, and synchronized BatchNorm (hvdtrain's layer
-against Keras' ``BatchNormalization(synchronized=True)``). Prints the throughput ratio hvdtrain /
+iterations). Two pairs, each as its user gets it: per-rank BatchNorm (hvdtrain's ``--no-sync-bn``
+layer against Keras' ``BatchNormalization``), and synchronized BatchNorm (hvdtrain's layer against
+Keras' ``BatchNormalization(synchronized=True)``). Prints the throughput ratio hvdtrain /
 MWMS (the median of the rounds' own ratios), peak memory per rank, and writes a PNG plot.
 """
 import argparse

@@ -4,7 +4,6 @@ Every model maps float32 images ``(batch, H, W, C)`` scaled to [0, 1] to logits 
 """
 from __future__ import annotations
 
-import functools
 import importlib
 import sys
 from typing import Callable, Optional, Tuple
@@ -95,18 +94,17 @@ def unfused_norm(make_layer: Callable[[], tf.keras.layers.Layer]) -> Norm:
 
 
 def norm_factory(sync_bn: bool = True) -> Norm:
-    """Batch norm for the built-in models: synchronized or per-rank, momentum 0.9.
+    """Batch norm for the built-in models: hvdtrain's layer, synchronized or per-rank, momentum 0.9.
 
     Momentum 0.9 makes the moving statistics settle within ~50 steps, so evaluation is sound from
-    the first epoch (Keras' default 0.99 needs ~500 steps). A ReLU after synchronized batch norm is
-    fused into the layer (``activation="relu"``); after Keras' layer it is a layer of its own, which
-    TensorFlow's graph optimizer fuses with the batch norm where it can.
+    the first epoch (Keras' default 0.99 needs ~500 steps). A ReLU after the batch norm is fused
+    into the layer (``activation="relu"``). Per-rank batch norm (``sync_bn=False``) is the same
+    layer with ``synchronized=False``, rather than Keras' ``BatchNormalization``: on the CPU its
+    kernels are faster (``benchmarks/bn_overhead.py``), and the two modes' models have the same
+    layers, so a checkpoint of either resumes in the other.
     """
-    if not sync_bn:
-        return unfused_norm(functools.partial(tf.keras.layers.BatchNormalization, momentum=0.9))
-
     def norm(x, relu: bool = False):
-        return SyncBatchNormalization(momentum=0.9, activation="relu" if relu else None)(x)
+        return SyncBatchNormalization(momentum=0.9, activation="relu" if relu else None, synchronized=sync_bn)(x)
 
     return norm
 

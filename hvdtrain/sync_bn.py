@@ -1,4 +1,5 @@
-"""Synchronized batch normalization over all Horovod ranks, exact for any per-rank batch sizes."""
+"""Synchronized batch normalization over all Horovod ranks, exact for any per-rank batch sizes
+(or, with ``synchronized=False``, per-rank batch normalization on the same kernels)."""
 from __future__ import annotations
 
 from typing import Optional, Sequence, Union
@@ -40,7 +41,10 @@ class SyncBatchNormalization(tf.keras.layers.Layer):
     cancellation: float64 leaves ~1e-16·(mean-K)²/var relative error in the variance, so data with
     mean 1e4 and std 1 on the first step (``K = 0``) loses nothing
     (Chan, Golub & LeVeque 1983, "Algorithms for computing the sample variance"; the shifted-data
-    algorithm). The variance is clamped at 0 and a zero global count divides by nothing.
+    algorithm). The variance is clamped at 0 and a zero global count divides by nothing. A rank
+    that normalizes its own batch alone (``synchronized=False``, or world size 1) off the CPU
+    kernels, on 4-D float32 input (half precision is cast to it), uses TensorFlow's fused batch
+    norm instead, forward and backward, as Keras' layer does (cuDNN's kernels on a GPU).
     The mean is then split into float32 ``hi + lo`` parts so ``x - mean`` stays exact in float32
     even when ``|mean| ≫ std``. (The compute dtype is float32, or float64 for float64 inputs.)
 
@@ -54,7 +58,9 @@ class SyncBatchNormalization(tf.keras.layers.Layer):
     Moving mean and variance are updated from the global statistics, so they are identical on every
     rank; no update happens when the global count is 0. Inference uses them and communicates nothing.
     With world size 1 (or Horovod not initialized) the layer is plain batch normalization and makes
-    no collective call. float16/bfloat16 inputs are normalized with float32 statistics and returned
+    no collective call. So it is with ``synchronized=False`` at any world size: each rank then
+    normalizes with its own batch's statistics (as Keras' ``BatchNormalization`` under Horovod) and
+    keeps its own moving statistics, on the same kernels. float16/bfloat16 inputs are normalized with float32 statistics and returned
     in the input dtype; the layer's weights stay float32 under a mixed-precision policy. float64
     inputs (a layer with ``dtype="float64"``) are computed in float64 throughout.
 
@@ -79,6 +85,10 @@ class SyncBatchNormalization(tf.keras.layers.Layer):
             ``tf.keras.layers.ReLU`` after the layer, fused into the normalization (as TensorFlow
             fuses its own batch norm with a following ReLU), so that on the CPU kernels the ReLU
             costs no memory pass of its own, forward or backward.
+        synchronized: if True (default), batch statistics span all ranks' batches; if False, each
+            rank's own batch (per-rank batch normalization, no collective call; the moving statistics
+            then differ between ranks, and :func:`hvdtrain.train.per_rank_moving_statistics` finds
+            them). The name and meaning of Keras' ``BatchNormalization(synchronized=...)``.
         **kwargs: standard Keras layer arguments (``name``, ``dtype``, ``trainable``...).
 
     Call arguments:
@@ -138,6 +148,7 @@ class SyncBatchNormalization(tf.keras.layers.Layer):
         gamma_constraint=None,
         unbiased_moving_variance: bool = False,
         activation: Optional[str] = None,
+        synchronized: bool = True,
         **kwargs,
     ):
         # No autocast: half-precision inputs keep their dtype (statistics are float32 regardless).
@@ -167,6 +178,7 @@ class SyncBatchNormalization(tf.keras.layers.Layer):
         self.gamma_constraint = tf.keras.constraints.get(gamma_constraint)
         self.unbiased_moving_variance = bool(unbiased_moving_variance)
         self.activation = activation
+        self.synchronized = bool(synchronized)
 
     # ---- construction -------------------------------------------------------------------------
     def build(self, input_shape):
@@ -292,8 +304,14 @@ class SyncBatchNormalization(tf.keras.layers.Layer):
         offset = tf.cast(first_mean, tf.float64) - shift
         return dev_sum + count * offset, dev_sq_sum + 2.0 * offset * dev_sum + count * tf.square(offset)
 
+    @property
+    def _collective(self) -> bool:
+        """Whether training calls allreduce: synchronized, with more than one rank."""
+        return self.synchronized and _world_size() > 1
+
     def _global_moments(self, x, shift):
-        """Global count, mean and biased variance over all ranks' batches: one float64 allreduce.
+        """Global count, mean and biased variance over all ranks' batches: one float64 allreduce
+        (or over this rank's batch, with no collective call, unless :attr:`_collective`).
 
         Args:
             x: local input in the compute dtype (float32 or float64).
@@ -306,7 +324,7 @@ class SyncBatchNormalization(tf.keras.layers.Layer):
         local_count = tf.cast(tf.size(x, out_type=tf.int64) // self._channels, tf.float64)
         shifted_sum, shifted_sq_sum = self._local_shifted_sums(x, shift, local_count)
         packed = tf.concat([[local_count], shifted_sum, shifted_sq_sum], 0)
-        if _world_size() > 1:
+        if self._collective:
             packed = _allreduce_sum(packed)  # the layer's one forward collective
         count = packed[0]
         shifted_sum, shifted_sq_sum = tf.split(packed[1:], 2)
@@ -314,10 +332,33 @@ class SyncBatchNormalization(tf.keras.layers.Layer):
         variance = tf.maximum(tf.math.divide_no_nan(shifted_sq_sum, count) - tf.square(mean_offset), 0.0)
         return count, shift + mean_offset, variance
 
+    def _use_fused_op(self, x) -> bool:
+        """Off the CPU kernels, a rank that normalizes its own batch alone (no collective call) uses
+        TensorFlow's fused batch norm, as Keras' layer does (cuDNN's kernels on a GPU): float32
+        NHWC or NCHW inputs, and an epsilon the op accepts (>= 1.001e-5)."""
+        return (not self._collective and x.dtype == tf.float32 and x.shape.rank == 4
+                and self._axes in ([1], [3]) and self.epsilon >= 1.001e-5)
+
+    def _fused_training_call(self, x):
+        """Training on this rank's batch through ``tf.compat.v1.nn.fused_batch_norm``: its output,
+        statistics and gradient (``FusedBatchNormGradV3``), then the ReLU and the moving statistics."""
+        gamma, beta = self._flat_params(x.dtype)
+        y, mean, variance = tf.compat.v1.nn.fused_batch_norm(
+            x, gamma, beta, epsilon=self.epsilon, data_format="NHWC" if self._axes == [3] else "NCHW",
+            is_training=True)
+        # The op returns the batch variance with Bessel's correction, var·n/(n - 1); undo it (the
+        # variance of one example is 0; with none, the moving statistics are not updated).
+        count = tf.cast(tf.size(x, out_type=tf.int64) // self._channels, tf.float64)
+        variance = tf.where(count > 1.0, tf.cast(variance, tf.float64) * (count - 1.0) / tf.maximum(count, 1.0), 0.0)
+        self._update_moving_statistics(count, tf.cast(mean, tf.float64), variance)
+        return self._activate(y)
+
     def _training_call(self, inputs):
         dtype = self._compute_dtype_of(inputs)
         x = tf.cast(inputs, dtype)
         use_kernels = self._use_kernels(dtype)
+        if not use_kernels and self._use_fused_op(x):
+            return tf.cast(self._fused_training_call(x), inputs.dtype)
         shift = tf.stop_gradient(tf.reshape(tf.cast(self.moving_mean, tf.float64), [self._channels]))
         count, mean, variance = self._global_moments(x, shift)
         self._update_moving_statistics(count, mean, variance)
@@ -357,7 +398,7 @@ class SyncBatchNormalization(tf.keras.layers.Layer):
                     sum_dy_centered = tf.cast(self._channel_sums(dy * (x - per_element(mean_hi))), tf.float64)
                 sum_dy_xhat = (sum_dy_centered - tf.cast(mean_lo, tf.float64) * sum_dy) * inv_std64
                 local = tf.concat([sum_dy, sum_dy_xhat], 0)
-                total = _allreduce_sum(local) if _world_size() > 1 else local  # the one backward collective
+                total = _allreduce_sum(local) if self._collective else local  # the one backward collective
                 total_dy, total_dy_xhat = tf.split(total, 2)
                 # dx = scale·(dy - Σdy/N - x̂·Σdy·x̂/N), folded into a·dy + b·(x - hi) + c.
                 scale64 = tf.cast(scale, tf.float64)
@@ -409,5 +450,6 @@ class SyncBatchNormalization(tf.keras.layers.Layer):
             "gamma_constraint": tf.keras.constraints.serialize(self.gamma_constraint),
             "unbiased_moving_variance": self.unbiased_moving_variance,
             "activation": self.activation,
+            "synchronized": self.synchronized,
         }
         return {**super().get_config(), **config}

@@ -25,6 +25,7 @@ from hvdtrain.models import build_model
 from hvdtrain.optim import build_optimizer
 from hvdtrain.sharding import ShardPlan, eval_shard
 from hvdtrain.stop import Terminated, defer_stop_signals, stop_exception, stop_requested
+from hvdtrain.sync_bn import SyncBatchNormalization
 from hvdtrain.watchdog import Watchdog, in_collective
 
 
@@ -46,16 +47,23 @@ def _loss_and_sums(logits: tf.Tensor, labels: tf.Tensor):
 _KERAS_BATCH_NORMS = (tf.keras.layers.BatchNormalization, tf.keras.layers.experimental.SyncBatchNormalization)
 
 
-def per_rank_moving_statistics(model: tf.keras.Model) -> List[tf.Variable]:
-    """The moving statistics of the built Keras batch norm layers in ``model``, nested ones included:
-    their floating-point non-trainable variables (moving mean and variance, and with ``renorm=True``
-    its moving standard deviation and renormalization statistics).
+def _per_rank(layer: tf.Module) -> bool:
+    """Whether ``layer`` is a batch norm layer that updates its moving statistics per rank."""
+    return (isinstance(layer, _KERAS_BATCH_NORMS)
+            or isinstance(layer, SyncBatchNormalization) and not layer.synchronized)
 
-    Such a layer (``--no-sync-bn``, or a user model's) updates them from its own rank's batches, so
-    they drift apart across ranks; :class:`hvdtrain.SyncBatchNormalization` keeps them identical.
-    A layer that was never called has none yet.
+
+def per_rank_moving_statistics(model: tf.keras.Model) -> List[tf.Variable]:
+    """The moving statistics of the built per-rank batch norm layers in ``model``, nested ones
+    included: their floating-point non-trainable variables (moving mean and variance, and with
+    Keras' ``renorm=True`` its moving standard deviation and renormalization statistics).
+
+    Such a layer (Keras' own, in a user's model, or :class:`hvdtrain.SyncBatchNormalization` with
+    ``synchronized=False``, as ``--no-sync-bn`` builds) updates them from its own rank's batches,
+    so they drift apart across ranks; a synchronized one keeps them identical. A layer that was
+    never called has none yet.
     """
-    return [v for layer in model.submodules if isinstance(layer, _KERAS_BATCH_NORMS) and layer.built
+    return [v for layer in model.submodules if _per_rank(layer) and layer.built
             for v in layer.non_trainable_weights if v.dtype.is_floating]
 
 

@@ -21,14 +21,14 @@ MODELS = [(seed_cnn, 3, 0), (resnet20, 10, 11)]
 
 
 @pytest.mark.parametrize("build, with_relu, without_relu", MODELS, ids=["cnn", "resnet20"])
-def test_synchronized_batch_norm_applies_the_relu_after_it_itself(build, with_relu, without_relu):
-    fused = build((28, 28, 1), 10)
-    assert _count(fused, SyncBatchNormalization, activation="relu") == with_relu
-    assert _count(fused, SyncBatchNormalization, activation=None) == without_relu
+@pytest.mark.parametrize("sync_bn", [True, False], ids=["synchronized", "per-rank"])
+def test_batch_norm_applies_the_relu_after_it_itself(build, with_relu, without_relu, sync_bn):
+    """Synchronized and per-rank (``--no-sync-bn``) models have the same layers: hvdtrain's."""
+    fused = build((28, 28, 1), 10, norm=norm_factory(sync_bn))
+    assert _count(fused, SyncBatchNormalization, activation="relu", synchronized=sync_bn) == with_relu
+    assert _count(fused, SyncBatchNormalization, activation=None, synchronized=sync_bn) == without_relu
+    assert _count(fused, tf.keras.layers.BatchNormalization) == 0
     assert _count(fused, tf.keras.layers.ReLU) == (9 if build is resnet20 else 0)  # after each residual add
-    local = build((28, 28, 1), 10, norm=norm_factory(sync_bn=False))
-    assert _count(local, tf.keras.layers.BatchNormalization) == with_relu + without_relu
-    assert _count(local, tf.keras.layers.ReLU) == with_relu + _count(fused, tf.keras.layers.ReLU)
 
 
 def _resnet20_before_fusion(input_shape, num_classes, make_norm_layer):
@@ -61,18 +61,31 @@ BEFORE_FUSION = {
 }
 
 
+# Batch norm layers of the models before fusion: synchronized, and per-rank (--no-sync-bn built
+# Keras' layer up to 2026-12-02).
+BEFORE_FUSION_NORMS = {
+    "synchronized": (functools.partial(SyncBatchNormalization, momentum=0.9), True),
+    "per-rank": (functools.partial(tf.keras.layers.BatchNormalization, momentum=0.9), False),
+}
+
+
+@pytest.mark.parametrize("norm", list(BEFORE_FUSION_NORMS))
 @pytest.mark.parametrize("name", list(BEFORE_FUSION))
-def test_a_checkpoint_of_the_model_before_fusion_restores_into_the_fused_one(name, tmp_path):
-    """Checkpoints written before the ReLU was fused resume into the same function: after the
-    restore, both models give the same outputs."""
+def test_a_checkpoint_of_the_model_before_fusion_restores_into_the_fused_one(name, norm, tmp_path):
+    """Checkpoints written before the ReLU was fused (and, with per-rank batch norm, before it was
+    hvdtrain's layer) resume into the same function: after the restore, both models give the same
+    outputs."""
     build, build_before = BEFORE_FUSION[name]
-    before = build_before((28, 28, 1), 10, functools.partial(SyncBatchNormalization, momentum=0.9))
+    make_norm_layer, sync_bn = BEFORE_FUSION_NORMS[norm]
+    before = build_before((28, 28, 1), 10, make_norm_layer)
     rng = np.random.default_rng(0)
     for v in before.variables:
         values = rng.normal(size=v.shape)
         v.assign((np.abs(values) + 0.5 if "moving_variance" in v.name else values).astype(v.dtype.as_numpy_dtype))
     path = tf.train.Checkpoint(model=before).write(str(tmp_path / "state"))
-    fused = build((28, 28, 1), 10, dropout=0.0) if build is seed_cnn else build((28, 28, 1), 10)
+    fused_norm = norm_factory(sync_bn)
+    fused = (build((28, 28, 1), 10, norm=fused_norm, dropout=0.0) if build is seed_cnn
+             else build((28, 28, 1), 10, norm=fused_norm))
     tf.train.Checkpoint(model=fused).read(path).assert_existing_objects_matched()
     images = rng.uniform(size=(4, 28, 28, 1)).astype(np.float32)
     np.testing.assert_allclose(fused(images, training=False).numpy(), before(images, training=False).numpy(),

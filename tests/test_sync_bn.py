@@ -85,6 +85,26 @@ def test_matches_global_batch_oracle(rank_results, name, key):
     assert max_rel_error(got, expected) <= TOL, f"{name}/{key} at np={world_size}"
 
 
+@pytest.mark.parametrize("name", list(cases(2)))
+@pytest.mark.parametrize("key", ["y", "dx", "dgamma", "dbeta", "moving_mean", "moving_variance"])
+def test_per_rank_layer_matches_each_ranks_own_batch_oracle(rank_results, name, key):
+    """With ``synchronized=False`` each rank normalizes (and keeps moving statistics of) its own
+    batch alone; a rank with an empty batch leaves its moving statistics at their initial values."""
+    world_size, results = rank_results
+    case = cases(world_size)[name]
+    x, w, gamma, beta = case_data(name, case)
+    starts = np.cumsum([0] + case["sizes"])
+    for rank, result in enumerate(results):
+        got = result[f"per_rank/{name}/{key}"].ravel()
+        sl = slice(starts[rank], starts[rank + 1])
+        if case["sizes"][rank] == 0:
+            initial = {"moving_mean": 0.0, "moving_variance": 1.0}
+            np.testing.assert_array_equal(got, np.full_like(got, initial.get(key, 0.0)), err_msg=f"{name}/{key}")
+            continue
+        expected = oracle(x[sl], w[sl], gamma, beta, case["axis"], case.get("activation"))[key].ravel()
+        assert max_rel_error(got, expected) <= TOL, f"{name}/{key} of rank {rank} at np={world_size}"
+
+
 def test_horovod_layer_deviates_on_uneven_batches(rank_results):
     """Horovod's hvd.SyncBatchNormalization averages per-rank moments as if batches were equal."""
     world_size, results = rank_results
@@ -101,7 +121,12 @@ def test_horovod_layer_deviates_on_uneven_batches(rank_results):
 @pytest.mark.parametrize("shape, unbiased, activation", [((8, 5, 5, 4), True, None), ((32, 4), False, None),
                                                          ((8, 5, 5, 4), True, "relu")],
                          ids=["4d_fused", "2d", "4d_relu"])
-def test_world_size_one_equals_keras_batch_norm(shape, unbiased, activation):
+@pytest.mark.parametrize("use_kernels", [True, False], ids=["kernels", "tf-ops"])
+def test_world_size_one_equals_keras_batch_norm(shape, unbiased, activation, use_kernels, monkeypatch):
+    """Off the kernels, 4-D inputs take TensorFlow's fused batch norm (as a GPU process does)."""
+    if use_kernels and not sync_bn_kernels.available():
+        pytest.fail("SyncBatchNormalization CPU kernels are not built (python -m hvdtrain.sync_bn_kernels)")
+    monkeypatch.setattr(sync_bn_kernels, "available", lambda: use_kernels)
     rng = np.random.default_rng(0)
     x = tf.constant(rng.normal(2.0, 3.0, shape).astype(np.float32))
     ours = SyncBatchNormalization(momentum=0.9, unbiased_moving_variance=unbiased, activation=activation)
@@ -186,11 +211,12 @@ def test_get_config_round_trip():
     layer = SyncBatchNormalization(axis=[1, 3], momentum=0.8, epsilon=1e-4, center=False, scale=True,
                                    gamma_initializer="he_normal", gamma_regularizer="l2",
                                    beta_constraint="non_neg", unbiased_moving_variance=True, activation="relu",
-                                   name="sbn")
+                                   synchronized=False, name="sbn")
     config = layer.get_config()
     assert config["activation"] == "relu" and config["unbiased_moving_variance"] is True
+    assert config["synchronized"] is False
     clone = SyncBatchNormalization.from_config(config)
-    assert clone.activation == "relu"
+    assert clone.activation == "relu" and not clone.synchronized
     assert clone.get_config() == config
     restored = tf.keras.layers.deserialize(tf.keras.layers.serialize(layer))
     assert isinstance(restored, SyncBatchNormalization) and restored.get_config() == config
@@ -238,9 +264,11 @@ def test_build_validation(shape, axis, match):
 
 
 @pytest.mark.parametrize("activation", [None, "relu"])
-@pytest.mark.parametrize("shape", [(64, 5, 5, 8), (300, 3), (0, 4)], ids=["4d", "2d", "empty"])
+@pytest.mark.parametrize("shape", [(64, 5, 5, 8), (300, 3), (0, 4), (0, 3, 3, 4)],
+                         ids=["4d", "2d", "empty", "empty_4d"])
 def test_cpu_kernels_equal_tensorflow_ops(shape, activation, monkeypatch):
-    """The single-pass kernels and the TensorFlow-ops path give the same outputs and gradients."""
+    """The single-pass kernels and the TensorFlow-ops path give the same outputs and gradients
+    (at world size 1, TensorFlow's fused batch norm for 4-D inputs)."""
     if not sync_bn_kernels.available():
         pytest.fail("SyncBatchNormalization CPU kernels are not built (python -m hvdtrain.sync_bn_kernels)")
     rng = np.random.default_rng(7)

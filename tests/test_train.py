@@ -108,8 +108,9 @@ def test_fp16_allreduce_equals_fp32_to_half_precision(tmp_path, shared_run):
 
 def test_per_rank_moving_statistics_are_those_of_every_built_keras_batch_norm():
     """What the trainer averages over the ranks before an evaluation or a save: the statistics of
-    Keras' batch norm layers (nested, Keras' synchronized variant and renorm's included), not those
-    of hvdtrain's layer (identical on every rank already) nor of a layer never called."""
+    Keras' batch norm layers (nested, Keras' synchronized variant and renorm's included) and of
+    hvdtrain's layer with ``synchronized=False``, not those of hvdtrain's synchronized layer
+    (identical on every rank already) nor of a layer never called."""
     import tensorflow as tf
 
     from hvdtrain import SyncBatchNormalization
@@ -120,10 +121,12 @@ def test_per_rank_moving_statistics_are_those_of_every_built_keras_batch_norm():
     inputs = tf.keras.Input((4,))
     x = inner(tf.keras.layers.BatchNormalization(name="plain", dtype="float64")(inputs))
     x = tf.keras.layers.experimental.SyncBatchNormalization(name="keras_sync")(x)
+    x = SyncBatchNormalization(name="ours_per_rank", synchronized=False)(x)
     model = tf.keras.Model(inputs, SyncBatchNormalization(name="ours")(x))
     model.unused = unused  # tracked, never built
     names = sorted(v.name for v in per_rank_moving_statistics(model))
     assert names == sorted(f"{layer}/{stat}:0" for layer, stats in [
         ("plain", ["moving_mean", "moving_variance"]), ("keras_sync", ["moving_mean", "moving_variance"]),
+        ("ours_per_rank", ["moving_mean", "moving_variance"]),
         ("renorm", ["moving_mean", "moving_variance", "moving_stddev", "renorm_mean", "renorm_stddev"])]
         for stat in stats), names

@@ -2,7 +2,8 @@
 
 Usage: python -m tests.workers.sync_bn_cases OUT_DIR
 Writes OUT_DIR/rank<r>.npz with ``<case>/<key>`` arrays: y, dx, dgamma, dbeta, moving_mean,
-moving_variance (ours), ``<case>/hvd_y`` (Horovod's layer, uneven case only) and ``kernels``
+moving_variance (ours); the same as ``per_rank/<case>/<key>`` from the layer with
+``synchronized=False``; ``<case>/hvd_y`` (Horovod's layer, uneven case only); and ``kernels``
 (whether this rank ran hvdtrain's CPU kernels or TensorFlow's ops).
 """
 import sys
@@ -59,24 +60,26 @@ def main(out_dir: str) -> None:
         start = sum(case["sizes"][:ctx.rank])
         sl = slice(start, start + case["sizes"][ctx.rank])
         x_local, w_local = tf.constant(x[sl]), tf.constant(w[sl])
-        layer = SyncBatchNormalization(axis=case["axis"], momentum=0.9, epsilon=1e-3,
-                                       activation=case.get("activation"))
-        layer.build(x_local.shape)
-        layer.gamma.assign(gamma)
-        layer.beta.assign(beta)
+        for prefix, synchronized in (("", True), ("per_rank/", False)):
+            layer = SyncBatchNormalization(axis=case["axis"], momentum=0.9, epsilon=1e-3,
+                                           activation=case.get("activation"), synchronized=synchronized)
+            layer.build(x_local.shape)
+            layer.gamma.assign(gamma)
+            layer.beta.assign(beta)
 
-        def forward_backward(x_in):
-            with tf.GradientTape() as tape:
-                tape.watch(x_in)
-                y = layer(x_in, training=True)
-                loss = tf.reduce_sum(y * w_local)
-            return (y, *tape.gradient(loss, [x_in, layer.gamma, layer.beta]))
+            def forward_backward(x_in, layer=layer):
+                with tf.GradientTape() as tape:
+                    tape.watch(x_in)
+                    y = layer(x_in, training=True)
+                    loss = tf.reduce_sum(y * w_local)
+                return (y, *tape.gradient(loss, [x_in, layer.gamma, layer.beta]))
 
-        fn = tf.function(forward_backward) if name in GRAPH_CASES else forward_backward
-        y, dx, dgamma, dbeta = fn(x_local)
-        results.update({f"{name}/y": y.numpy(), f"{name}/dx": dx.numpy(), f"{name}/dgamma": dgamma.numpy(),
-                        f"{name}/dbeta": dbeta.numpy(), f"{name}/moving_mean": layer.moving_mean.numpy(),
-                        f"{name}/moving_variance": layer.moving_variance.numpy()})
+            fn = tf.function(forward_backward) if name in GRAPH_CASES else forward_backward
+            y, dx, dgamma, dbeta = fn(x_local)
+            key = prefix + name
+            results.update({f"{key}/y": y.numpy(), f"{key}/dx": dx.numpy(), f"{key}/dgamma": dgamma.numpy(),
+                            f"{key}/dbeta": dbeta.numpy(), f"{key}/moving_mean": layer.moving_mean.numpy(),
+                            f"{key}/moving_variance": layer.moving_variance.numpy()})
         if name == "uneven":
             theirs = hvd.SyncBatchNormalization(axis=case["axis"], momentum=0.9, epsilon=1e-3, name="hvd_sync_bn")
             theirs.build(x_local.shape)
