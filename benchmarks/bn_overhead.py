@@ -88,7 +88,7 @@ def main():
         common.grouped_bars(a.plot, [row[0] for row in rows],
                             {VARIANTS[v][0]: [times.ratio(v, base) for times in results.values()] for v in a.variants},
                             ylabel=f"step time / {VARIANTS[base][0]}'s",
-                            title=f"synchronized BatchNorm, np={ctx.size}, local batch {a.batch_size}",
+                            title=f"batch norm layers, np={ctx.size}, local batch {a.batch_size}",
                             target=1.05 if base == "local" else None)
         if a.json:
             with open(a.json, "w") as f:

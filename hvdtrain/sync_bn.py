@@ -30,7 +30,9 @@ class SyncBatchNormalization(tf.keras.layers.Layer):
     In training, the mean and variance are those of the concatenation of every rank's batch, so
     N ranks with local batches ``B_1 ... B_N`` normalize (and back-propagate) exactly as one process
     with batch ``B_1 + ... + B_N``. Local batch sizes may differ and may be zero. Each training call
-    costs one allreduce forward and one backward, each of ``2·C + 1`` resp. ``2·C`` numbers.
+    at world size > 1 costs one allreduce forward and one backward, each of ``2·C + 1`` resp.
+    ``2·C`` numbers. (With ``synchronized=False`` each rank uses its own batch's statistics and
+    makes no collective call; see the end of this description.)
 
     Forward: each rank computes, for each channel, its count ``n_r`` and its float64 sums of
     ``x - K`` and ``(x - K)²`` around a shift ``K`` identical on every rank (the moving mean,
@@ -41,10 +43,7 @@ class SyncBatchNormalization(tf.keras.layers.Layer):
     cancellation: float64 leaves ~1e-16·(mean-K)²/var relative error in the variance, so data with
     mean 1e4 and std 1 on the first step (``K = 0``) loses nothing
     (Chan, Golub & LeVeque 1983, "Algorithms for computing the sample variance"; the shifted-data
-    algorithm). The variance is clamped at 0 and a zero global count divides by nothing. A rank
-    that normalizes its own batch alone (``synchronized=False``, or world size 1) off the CPU
-    kernels, on 4-D float32 input (half precision is cast to it), uses TensorFlow's fused batch
-    norm instead, forward and backward, as Keras' layer does (cuDNN's kernels on a GPU).
+    algorithm). The variance is clamped at 0 and a zero global count divides by nothing.
     The mean is then split into float32 ``hi + lo`` parts so ``x - mean`` stays exact in float32
     even when ``|mean| ≫ std``. (The compute dtype is float32, or float64 for float64 inputs.)
 
@@ -60,7 +59,10 @@ class SyncBatchNormalization(tf.keras.layers.Layer):
     With world size 1 (or Horovod not initialized) the layer is plain batch normalization and makes
     no collective call. So it is with ``synchronized=False`` at any world size: each rank then
     normalizes with its own batch's statistics (as Keras' ``BatchNormalization`` under Horovod) and
-    keeps its own moving statistics, on the same kernels. float16/bfloat16 inputs are normalized with float32 statistics and returned
+    keeps its own moving statistics, on the same kernels. Such a call off the CPU kernels (a GPU
+    process), on 4-D float32, float16 or bfloat16 input, runs TensorFlow's fused batch norm
+    instead, forward and backward, as Keras' layer does (cuDNN's kernels on a GPU; float32
+    statistics computed by the op, not by the float64 shifted sums above). float16/bfloat16 inputs are normalized with float32 statistics and returned
     in the input dtype; the layer's weights stay float32 under a mixed-precision policy. float64
     inputs (a layer with ``dtype="float64"``) are computed in float64 throughout.
 
@@ -94,7 +96,7 @@ class SyncBatchNormalization(tf.keras.layers.Layer):
     Call arguments:
         inputs: tensor of rank >= 2: float16, bfloat16, float32 or float64.
         training: Python bool or boolean scalar tensor. True normalizes with global batch statistics
-            and updates the moving statistics; False (or None) uses the moving statistics. A layer
+            (this rank's, with ``synchronized=False``) and updates the moving statistics; False (or None) uses the moving statistics. A layer
             with ``trainable=False`` always runs in inference mode (Keras' fine-tuning convention).
         mask: must be None (masks are refused, not ignored; see Raises).
 
@@ -120,7 +122,7 @@ class SyncBatchNormalization(tf.keras.layers.Layer):
 
     Caveats:
         * Every rank must call the layer the same number of times per training step, in the same
-          order: each training call is a collective. A rank that skips a call (a Python branch that
+          order: each training call is a collective (unless ``synchronized=False``). A rank that skips a call (a Python branch that
           depends on rank-local data, a different number of steps per epoch) leaves the others
           waiting for its allreduce; Horovod's stall check then reports the missing rank and, under
           hvdtrain, the job aborts instead of hanging. hvdtrain guarantees equal calls by running
@@ -232,6 +234,7 @@ class SyncBatchNormalization(tf.keras.layers.Layer):
     # single-pass CPU kernels (hvdtrain/csrc, channels-last inputs on CPU-only processes) or by
     # TensorFlow ops (any layout, any device). Both compute the same quantities (the moments by
     # different passes; see the class docstring), equal to float32 rounding (tests/test_sync_bn.py).
+    # Off the kernels, a call without collectives on 4-D input takes TensorFlow's fused batch norm.
     @staticmethod
     def _compute_dtype_of(inputs) -> tf.DType:
         """float64 for float64 inputs, float32 for any other (half precision included)."""
@@ -332,17 +335,19 @@ class SyncBatchNormalization(tf.keras.layers.Layer):
         variance = tf.maximum(tf.math.divide_no_nan(shifted_sq_sum, count) - tf.square(mean_offset), 0.0)
         return count, shift + mean_offset, variance
 
-    def _use_fused_op(self, x) -> bool:
+    def _use_fused_op(self, inputs) -> bool:
         """Off the CPU kernels, a rank that normalizes its own batch alone (no collective call) uses
-        TensorFlow's fused batch norm, as Keras' layer does (cuDNN's kernels on a GPU): float32
-        NHWC or NCHW inputs, and an epsilon the op accepts (>= 1.001e-5)."""
-        return (not self._collective and x.dtype == tf.float32 and x.shape.rank == 4
-                and self._axes in ([1], [3]) and self.epsilon >= 1.001e-5)
+        TensorFlow's fused batch norm, as Keras' layer does (cuDNN's kernels on a GPU): float32,
+        float16 or bfloat16 NHWC or NCHW inputs, and an epsilon the op accepts (>= 1.001e-5)."""
+        return (not self._collective and inputs.dtype in (tf.float32, tf.float16, tf.bfloat16)
+                and inputs.shape.rank == 4 and self._axes in ([1], [3]) and self.epsilon >= 1.001e-5)
 
     def _fused_training_call(self, x):
         """Training on this rank's batch through ``tf.compat.v1.nn.fused_batch_norm``: its output,
-        statistics and gradient (``FusedBatchNormGradV3``), then the ReLU and the moving statistics."""
-        gamma, beta = self._flat_params(x.dtype)
+        statistics and gradient (``FusedBatchNormGradV3``), then the ReLU and the moving statistics.
+        Half-precision ``x`` goes in as it is (float32 statistics, output in ``x``'s dtype), as in
+        Keras' layer."""
+        gamma, beta = self._flat_params(tf.float32)
         y, mean, variance = tf.compat.v1.nn.fused_batch_norm(
             x, gamma, beta, epsilon=self.epsilon, data_format="NHWC" if self._axes == [3] else "NCHW",
             is_training=True)
@@ -355,10 +360,10 @@ class SyncBatchNormalization(tf.keras.layers.Layer):
 
     def _training_call(self, inputs):
         dtype = self._compute_dtype_of(inputs)
-        x = tf.cast(inputs, dtype)
         use_kernels = self._use_kernels(dtype)
-        if not use_kernels and self._use_fused_op(x):
-            return tf.cast(self._fused_training_call(x), inputs.dtype)
+        if not use_kernels and self._use_fused_op(inputs):
+            return self._fused_training_call(inputs)
+        x = tf.cast(inputs, dtype)
         shift = tf.stop_gradient(tf.reshape(tf.cast(self.moving_mean, tf.float64), [self._channels]))
         count, mean, variance = self._global_moments(x, shift)
         self._update_moving_statistics(count, mean, variance)

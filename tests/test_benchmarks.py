@@ -185,7 +185,7 @@ def test_vs_horovod_ratio_of_step_times(tmp_path):
     out = script("vs_horovod.py", "--launch", "2", "--rounds", "1", "--steps", "1", "--warmup", "2", *TINY,
                  "--plot", str(tmp_path / "p.png"), tmp_path=tmp_path)
     (table,) = tables(out)
-    assert [r["model"] for r in table] == ["per-rank BN", "synchronized BN"]
+    assert [r["model"] for r in table] == ["same layers (Keras BN)", "per-rank BN", "synchronized BN"]
     for r in table:
         ratio = number(r["hvdtrain ms/step"]) / number(r["plain Horovod ms/step"])
         assert close(ratio, number(r["hvdtrain / plain"]), rel=0.02)  # step times printed to 0.1 ms
@@ -228,16 +228,18 @@ def test_allreduce_bandwidths_and_fusion(tmp_path):
 
 def test_bn_overhead_at_two_ranks(tmp_path):
     out = script("bn_overhead.py", "--models", "cnn", "--rounds", "1", "--steps", "1", "--warmup", "1", *TINY,
-                 "--variants", "local", "hvdtrain", "horovod", "relu-apart", "--plot", str(tmp_path / "p.png"),
+                 "--variants", "local", "hvdtrain", "horovod", "relu-apart", "per-rank", "--plot", str(tmp_path / "p.png"),
                  np_=2, launcher="mpirun", tmp_path=tmp_path)
     (table,) = tables(out)
     (row,) = table
     assert row["model"] == "seed CNN"
-    local, ours, horovods, apart = (number(row[c]) for c in ("local BN ms", "hvdtrain ms", "Horovod's ms",
-                                                             "hvdtrain, ReLU apart ms"))
+    local, ours, horovods, apart, per_rank = (number(row[c]) for c in (
+        "local BN ms", "hvdtrain ms", "Horovod's ms", "hvdtrain, ReLU apart ms", "hvdtrain per-rank ms"))
     assert close(ours / local, number(row["hvdtrain / local"]), rel=0.01)  # step times printed to 0.01 ms
     assert close(ours / horovods, number(row["hvdtrain / Horovod's"]), rel=0.01)
     assert close(ours / apart, number(row["hvdtrain / ReLU apart"]), rel=0.01)
+    assert close(ours / per_rank, number(row["hvdtrain / hvdtrain per-rank"]), rel=0.01)
+    assert close(per_rank / local, number(row["hvdtrain per-rank / local"]), rel=0.01)
     assert "np=2" in out
     assert_png(tmp_path / "p.png")
 

@@ -189,7 +189,7 @@ def test_resume_from_a_mistyped_directory_creates_nothing(tmp_path):
 @pytest.mark.parametrize("norm", [[], ["--no-sync-bn"]])
 def test_a_last_global_batch_smaller_than_the_world_size_trains(tmp_path, norm):
     """2 ranks x 8 over 33 examples: the last example joins the step before, so no rank gets an
-    empty batch, which under oneDNN crashed the seed CNN's Conv2D (and would turn per-rank
+    empty batch, which under oneDNN crashed the seed CNN's Conv2D (and would turn Keras' per-rank
     BatchNorm's moving statistics to NaN).
 
     And the test loss logged is that of the model checkpointed: recomputed in one process from the

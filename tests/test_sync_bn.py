@@ -121,7 +121,7 @@ def test_horovod_layer_deviates_on_uneven_batches(rank_results):
 @pytest.mark.parametrize("shape, unbiased, activation", [((8, 5, 5, 4), True, None), ((32, 4), False, None),
                                                          ((8, 5, 5, 4), True, "relu")],
                          ids=["4d_fused", "2d", "4d_relu"])
-@pytest.mark.parametrize("use_kernels", [True, False], ids=["kernels", "tf-ops"])
+@pytest.mark.parametrize("use_kernels", [True, False], ids=["kernels", "off-kernels"])
 def test_world_size_one_equals_keras_batch_norm(shape, unbiased, activation, use_kernels, monkeypatch):
     """Off the kernels, 4-D inputs take TensorFlow's fused batch norm (as a GPU process does)."""
     if use_kernels and not sync_bn_kernels.available():
@@ -149,15 +149,24 @@ def test_world_size_one_equals_keras_batch_norm(shape, unbiased, activation, use
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-def test_half_precision_inputs_keep_dtype_and_float32_statistics(dtype):
-    x32 = np.random.default_rng(1).normal(5.0, 2.0, (16, 6)).astype(np.float32)
+@pytest.mark.parametrize("shape, use_kernels", [((16, 6), True), ((4, 3, 3, 6), False)], ids=["2d", "4d_fused_op"])
+def test_half_precision_inputs_keep_dtype_and_float32_statistics(dtype, shape, use_kernels, monkeypatch):
+    """Also through TensorFlow's fused batch norm, which takes half-precision inputs as they are."""
+    monkeypatch.setattr(sync_bn_kernels, "available", lambda: use_kernels and sync_bn_kernels._library() is not None)
+    x32 = np.random.default_rng(1).normal(5.0, 2.0, shape).astype(np.float32)
     x = tf.cast(tf.constant(x32), dtype)
-    layer = SyncBatchNormalization()
-    y = layer(x, training=True)
-    assert y.dtype == dtype
+    layer, reference = SyncBatchNormalization(), SyncBatchNormalization()
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        y = layer(x, training=True)
+        loss = tf.reduce_sum(tf.cast(y, tf.float32) * tf.sin(x32))
+    dx = tape.gradient(loss, x)
+    assert y.dtype == dtype and dx.dtype == dtype
     assert layer.moving_mean.dtype == tf.float32
-    reference = SyncBatchNormalization()(tf.cast(x, tf.float32), training=True)
-    np.testing.assert_allclose(tf.cast(y, tf.float32).numpy(), reference.numpy(), atol=0.05)
+    y_reference = reference(tf.cast(x, tf.float32), training=True)
+    np.testing.assert_allclose(tf.cast(y, tf.float32).numpy(), y_reference.numpy(), atol=0.05)
+    for ours, theirs in ((layer.moving_mean, reference.moving_mean), (layer.moving_variance, reference.moving_variance)):
+        np.testing.assert_allclose(ours.numpy(), theirs.numpy(), rtol=1e-2)
 
 
 @pytest.mark.parametrize("shape, axis", [((6, 3, 3, 4), -1), ((6, 4, 3, 3), 1)], ids=["channels_last", "channels_first"])
