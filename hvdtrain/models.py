@@ -100,7 +100,8 @@ def norm_factory(sync_bn: bool = True) -> Norm:
     the first epoch (Keras' default 0.99 needs ~500 steps). A ReLU after the batch norm is fused
     into the layer (``activation="relu"``). Per-rank batch norm (``sync_bn=False``) is the same
     layer with ``synchronized=False``, rather than Keras' ``BatchNormalization``: on the CPU its
-    kernels are no slower (faster for the seed CNN, ``benchmarks/bn_overhead.py``), and the two
+    kernels are faster for the seed CNN and about as fast for ResNet-20
+    (``benchmarks/bn_overhead.py``), and the two
     modes' models have the same layers, so a checkpoint of either resumes in the other. (Its moving
     variance is the biased one, Keras' fused layer's the unbiased: they differ by n/(n-1), n
     the examples times the positions per channel.)

@@ -32,7 +32,7 @@ class SyncBatchNormalization(tf.keras.layers.Layer):
     with batch ``B_1 + ... + B_N``. Local batch sizes may differ and may be zero. Each training call
     at world size > 1 costs one allreduce forward and one backward, each of ``2·C + 1`` resp.
     ``2·C`` numbers. (With ``synchronized=False`` each rank uses its own batch's statistics and
-    makes no collective call; see the end of this description.)
+    makes no collective call; see below.)
 
     Forward: each rank computes, for each channel, its count ``n_r`` and its float64 sums of
     ``x - K`` and ``(x - K)²`` around a shift ``K`` identical on every rank (the moving mean,
@@ -59,12 +59,16 @@ class SyncBatchNormalization(tf.keras.layers.Layer):
     With world size 1 (or Horovod not initialized) the layer is plain batch normalization and makes
     no collective call. So it is with ``synchronized=False`` at any world size: each rank then
     normalizes with its own batch's statistics (as Keras' ``BatchNormalization`` under Horovod) and
-    keeps its own moving statistics, on the same kernels. Such a call off the CPU kernels (a GPU
-    process), on 4-D float32, float16 or bfloat16 input, runs TensorFlow's fused batch norm
-    instead, forward and backward, as Keras' layer does (cuDNN's kernels on a GPU; float32
-    statistics computed by the op, not by the float64 shifted sums above). float16/bfloat16 inputs are normalized with float32 statistics and returned
-    in the input dtype; the layer's weights stay float32 under a mixed-precision policy. float64
-    inputs (a layer with ``dtype="float64"``) are computed in float64 throughout.
+    keeps its own moving statistics, on the same kernels.
+
+    Such a training call without collectives (``synchronized=False``, or world size 1) that the
+    CPU kernels do not serve (a GPU process, channels-first input, ``HVDTRAIN_SYNC_BN_KERNELS=0``)
+    runs TensorFlow's fused batch norm instead, forward and backward, as Keras' layer does
+    (cuDNN's kernels on a GPU), for 4-D float32, float16 or bfloat16 input and ``epsilon >=
+    1.001e-5``; its float32 statistics are computed by the op, not by the float64 shifted sums
+    above. float16/bfloat16 inputs are normalized with float32 statistics and returned in the
+    input dtype; the layer's weights stay float32 under a mixed-precision policy. float64 inputs
+    (a layer with ``dtype="float64"``) are computed in float64 throughout.
 
     Args:
         axis: int or list of ints, the channel axis or axes (default -1, channels-last; use 1 for

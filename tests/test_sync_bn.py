@@ -305,6 +305,49 @@ def test_cpu_kernels_equal_tensorflow_ops(shape, activation, monkeypatch):
         np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=2e-5, atol=2e-5)
 
 
+def _training_ops(layer, x) -> set:
+    """The op types of the layer's compiled training call, forward and backward."""
+    @tf.function
+    def step(x):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            loss = tf.reduce_sum(tf.cast(layer(x, training=True), tf.float32) * tf.cast(x, tf.float32))
+        return tape.gradient(loss, x)
+
+    return {op.type for op in step.get_concrete_function(x).graph.get_operations()}
+
+
+# (input shape, dtype, layer arguments, kernels on?) -> which implementation the call must run.
+IMPLEMENTATIONS = {
+    "kernels_float32": ((8, 4, 4, 3), tf.float32, {}, True, "kernels"),
+    "kernels_float16_cast": ((8, 4, 4, 3), tf.float16, {}, True, "kernels"),
+    "kernels_per_rank": ((8, 4, 4, 3), tf.float32, {"synchronized": False}, True, "kernels"),
+    "off_kernels_float32": ((8, 4, 4, 3), tf.float32, {}, False, "fused"),
+    "off_kernels_float16": ((8, 4, 4, 3), tf.float16, {}, False, "fused"),
+    "off_kernels_bfloat16_nchw": ((8, 3, 4, 4), tf.bfloat16, {"axis": 1}, False, "fused"),
+    "off_kernels_small_epsilon": ((8, 4, 4, 3), tf.float32, {"epsilon": 1e-6}, False, "tf-ops"),
+    "off_kernels_2d": ((8, 3), tf.float32, {}, False, "tf-ops"),
+    "kernels_channels_first": ((8, 3, 4, 4), tf.float32, {"axis": 1}, True, "fused"),
+}
+
+
+@pytest.mark.parametrize("name", list(IMPLEMENTATIONS))
+def test_each_call_runs_the_implementation_meant_for_it(name, monkeypatch):
+    """At world size 1 (no collectives): hvdtrain's kernels where they serve the input (float32
+    compute, channels-last, CPU); otherwise TensorFlow's fused batch norm for 4-D input, half
+    precision included as it is; TensorFlow's element-wise ops for the rest."""
+    shape, dtype, kwargs, use_kernels, expected = IMPLEMENTATIONS[name]
+    if use_kernels and not sync_bn_kernels.available():
+        pytest.fail("SyncBatchNormalization CPU kernels are not built (python -m hvdtrain.sync_bn_kernels)")
+    monkeypatch.setattr(sync_bn_kernels, "available", lambda: use_kernels)
+    layer = SyncBatchNormalization(**kwargs)
+    ops = _training_ops(layer, tf.cast(tf.random.normal(shape), dtype))
+    fused = {"FusedBatchNormV3", "FusedBatchNormGradV3"} <= ops
+    kernels = {"HvdtrainSyncBnMoments", "HvdtrainSyncBnNormalize", "HvdtrainSyncBnGradSums",
+               "HvdtrainSyncBnGradInput"} <= ops
+    assert (fused, kernels) == {"fused": (True, False), "kernels": (False, True), "tf-ops": (False, False)}[expected], ops
+
+
 def _cpu_flags() -> set:
     try:
         with open("/proc/cpuinfo") as f:
