@@ -101,10 +101,9 @@ def norm_factory(sync_bn: bool = True) -> Norm:
     into the layer (``activation="relu"``). Per-rank batch norm (``sync_bn=False``) is the same
     layer with ``synchronized=False``, rather than Keras' ``BatchNormalization``: on the CPU its
     kernels are faster for the seed CNN and about as fast for ResNet-20
-    (``benchmarks/bn_overhead.py``), and the two
-    modes' models have the same layers, so a checkpoint of either resumes in the other. (Its moving
-    variance is the biased one, Keras' fused layer's the unbiased: they differ by n/(n-1), n
-    the examples times the positions per channel.)
+    (``benchmarks/bn_overhead.py``), and the two modes' models have the same layers, so a
+    checkpoint of either resumes in the other. (Its moving variance is the biased one, Keras' fused
+    layer's the unbiased: they differ by n/(n-1), n the examples times the positions per channel.)
     """
     def norm(x, relu: bool = False):
         return SyncBatchNormalization(momentum=0.9, activation="relu" if relu else None, synchronized=sync_bn)(x)

@@ -100,8 +100,9 @@ class SyncBatchNormalization(tf.keras.layers.Layer):
     Call arguments:
         inputs: tensor of rank >= 2: float16, bfloat16, float32 or float64.
         training: Python bool or boolean scalar tensor. True normalizes with global batch statistics
-            (this rank's, with ``synchronized=False``) and updates the moving statistics; False (or None) uses the moving statistics. A layer
-            with ``trainable=False`` always runs in inference mode (Keras' fine-tuning convention).
+            (this rank's, with ``synchronized=False``) and updates the moving statistics; False (or
+            None) uses the moving statistics. A layer with ``trainable=False`` always runs in
+            inference mode (Keras' fine-tuning convention).
         mask: must be None (masks are refused, not ignored; see Raises).
 
     Input shape:
@@ -126,12 +127,13 @@ class SyncBatchNormalization(tf.keras.layers.Layer):
 
     Caveats:
         * Every rank must call the layer the same number of times per training step, in the same
-          order: each training call is a collective (unless ``synchronized=False``). A rank that skips a call (a Python branch that
-          depends on rank-local data, a different number of steps per epoch) leaves the others
-          waiting for its allreduce; Horovod's stall check then reports the missing rank and, under
-          hvdtrain, the job aborts instead of hanging. hvdtrain guarantees equal calls by running
-          the same model on every rank and the same number of steps per epoch on every rank
-          (:mod:`hvdtrain.sharding` gives short local batches rather than fewer steps).
+          order: each training call is a collective (unless ``synchronized=False``). A rank that
+          skips a call (a Python branch that depends on rank-local data, a different number of
+          steps per epoch) leaves the others waiting for its allreduce; Horovod's stall check then
+          reports the missing rank and, under hvdtrain, the job aborts instead of hanging.
+          hvdtrain guarantees equal calls by running the same model on every rank and the same
+          number of steps per epoch on every rank (:mod:`hvdtrain.sharding` gives short local
+          batches rather than fewer steps).
         * Inference (``training=False``) makes no collective call, so evaluation shards may differ.
         * Losses must be sums over the local batch scaled to the global batch for the step to equal
           the global-batch step when local batches differ (see :mod:`hvdtrain.train`).
@@ -311,6 +313,10 @@ class SyncBatchNormalization(tf.keras.layers.Layer):
         offset = tf.cast(first_mean, tf.float64) - shift
         return dev_sum + count * offset, dev_sq_sum + 2.0 * offset * dev_sum + count * tf.square(offset)
 
+    def _local_count(self, x) -> tf.Tensor:
+        """This rank's examples per channel in ``x`` (float64 scalar)."""
+        return tf.cast(tf.size(x, out_type=tf.int64) // self._channels, tf.float64)
+
     @property
     def _collective(self) -> bool:
         """Whether training calls allreduce: synchronized, with more than one rank."""
@@ -328,7 +334,7 @@ class SyncBatchNormalization(tf.keras.layers.Layer):
             ``(count, mean, variance)``: a float64 scalar and two float64 ``[C]`` vectors; mean and
             variance are 0 when the global count is 0.
         """
-        local_count = tf.cast(tf.size(x, out_type=tf.int64) // self._channels, tf.float64)
+        local_count = self._local_count(x)
         shifted_sum, shifted_sq_sum = self._local_shifted_sums(x, shift, local_count)
         packed = tf.concat([[local_count], shifted_sum, shifted_sq_sum], 0)
         if self._collective:
@@ -357,7 +363,7 @@ class SyncBatchNormalization(tf.keras.layers.Layer):
             is_training=True)
         # The op returns the batch variance with Bessel's correction, var·n/(n - 1); undo it (the
         # variance of one example is 0; with none, the moving statistics are not updated).
-        count = tf.cast(tf.size(x, out_type=tf.int64) // self._channels, tf.float64)
+        count = self._local_count(x)
         variance = tf.where(count > 1.0, tf.cast(variance, tf.float64) * (count - 1.0) / tf.maximum(count, 1.0), 0.0)
         self._update_moving_statistics(count, tf.cast(mean, tf.float64), variance)
         return self._activate(y)
