@@ -55,7 +55,7 @@ def timed(fn, size: int, barrier) -> float:
 
 
 def horovod_worker(a) -> dict:
-    from hvdtrain.dist import init_distributed
+    from hvdtrain.runtime.dist import init_distributed
 
     ctx = init_distributed(threads=1, use_gpu=False)
     import horovod.tensorflow as hvd
@@ -73,7 +73,7 @@ def horovod_worker(a) -> dict:
             row[label] = timed(lambda: hvd.allreduce(tensor, op=hvd.Sum, name=name, compression=compression).numpy(),
                                size, barrier)
         result["sizes"][size] = row
-    from hvdtrain.models import resnet20, seed_cnn
+    from hvdtrain.model.zoo import resnet20, seed_cnn
 
     for model_name, build, shape in (("ResNet-20", resnet20, (32, 32, 3)), ("seed CNN", seed_cnn, (28, 28, 1))):
         model = build(shape, 10)

@@ -52,7 +52,7 @@ def phase_spans(path: str) -> dict:
 
 
 def worker(a) -> None:
-    from hvdtrain.dist import init_distributed
+    from hvdtrain.runtime.dist import init_distributed
 
     ctx = init_distributed(threads=1, use_gpu=False)
     import horovod.tensorflow as hvd

@@ -19,7 +19,7 @@ import functools
 import json
 
 import common
-from hvdtrain.dist import init_distributed
+from hvdtrain.runtime.dist import init_distributed
 
 # variant -> (column label, label in ratio columns)
 VARIANTS = {"local": ("local BN", "local"), "hvdtrain": ("hvdtrain", "hvdtrain"),
@@ -48,8 +48,8 @@ def main():
     ctx = init_distributed(threads=a.threads)
     import tensorflow as tf
     from hvdtrain import SyncBatchNormalization
-    from hvdtrain.data import make_synthetic
-    from hvdtrain.models import norm_factory, resnet20, seed_cnn, unfused_norm
+    from hvdtrain.data.datasets import make_synthetic
+    from hvdtrain.model.zoo import norm_factory, resnet20, seed_cnn, unfused_norm
 
     norms = {"local": common.keras_batch_norm, "hvdtrain": norm_factory(True), "horovod": common.horovod_sync_bn,
              "relu-apart": unfused_norm(functools.partial(SyncBatchNormalization, momentum=0.9)),

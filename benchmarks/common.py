@@ -200,14 +200,14 @@ def keras_batch_norm(x, relu: bool = False):
     """The built-in models' ``norm`` (:data:`hvdtrain.models.Norm`) with Keras' ``BatchNormalization``
     (per rank, momentum 0.9) and a ReLU layer after it: what a plain Keras model has."""
     import tensorflow as tf
-    from hvdtrain.models import unfused_norm
+    from hvdtrain.model.zoo import unfused_norm
 
     return unfused_norm(lambda: tf.keras.layers.BatchNormalization(momentum=0.9))(x, relu=relu)
 
 
 def horovod_sync_bn(x, relu: bool = False):
     """The built-in models' ``norm`` (:data:`hvdtrain.models.Norm`) with Horovod's layer; a ReLU layer after it."""
-    from hvdtrain.models import unfused_norm
+    from hvdtrain.model.zoo import unfused_norm
 
     return unfused_norm(_horovod_sync_bn_layer)(x, relu=relu)
 
@@ -404,7 +404,7 @@ IMAGE_SHAPES = {"cnn": (28, 28, 1), "resnet20": (32, 32, 3), "resnet50": (224, 2
 def bench_dataset(model: str, batch_size: int, world_size: int, real_data: bool = True):
     """The benchmark data of ``model``: real Fashion-MNIST for the seed CNN (when ``real_data``),
     else synthetic images of the model's input shape, a few global batches' worth."""
-    from hvdtrain.data import load_idx_dir, make_synthetic
+    from hvdtrain.data.datasets import load_idx_dir, make_synthetic
 
     if model == "cnn" and real_data:
         return load_idx_dir(FASHION_MNIST)
@@ -416,7 +416,7 @@ def bench_dataset(model: str, batch_size: int, world_size: int, real_data: bool 
 def build_bench_model(model: str, dataset, sync_bn: bool = True, norm=None):
     """The seed CNN (dropout kept), ResNet-20, or Keras' ResNet-50 (per-rank BN, logits out)."""
     import tensorflow as tf
-    from hvdtrain.models import norm_factory, resnet20, seed_cnn
+    from hvdtrain.model.zoo import norm_factory, resnet20, seed_cnn
 
     norm = norm or norm_factory(sync_bn)
     if model == "cnn":
@@ -436,8 +436,8 @@ def hvdtrain_stepper(ctx, model, dataset, batch_size: int, optimizer=None):
     import tensorflow as tf
     from hvdtrain.config import OptimConfig
     from hvdtrain.optim import build_optimizer
-    from hvdtrain.sharding import ShardPlan
-    from hvdtrain.train import Trainer, broadcast_state
+    from hvdtrain.data.sharding import ShardPlan
+    from hvdtrain.trainer import Trainer, broadcast_state
 
     plan = ShardPlan(len(dataset.y_train), batch_size, ctx.size, ctx.rank)
     with tf.device(ctx.device):

@@ -32,7 +32,7 @@ nvidia-smi --query-gpu=index,name,memory.total --format=csv
 # Pinning: each rank must see exactly one GPU, the one at its local rank.
 NGPU=$(nvidia-smi -L | wc -l)
 "$VENV/bin/horovodrun" -np "$NGPU" --gloo "$VENV/bin/python" - <<'EOF'
-from hvdtrain.dist import init_distributed
+from hvdtrain.runtime.dist import init_distributed
 import tensorflow as tf
 ctx = init_distributed()
 visible = tf.config.get_visible_devices("GPU")

@@ -29,7 +29,7 @@ import common
 
 
 def worker(a) -> None:
-    from hvdtrain.dist import init_distributed
+    from hvdtrain.runtime.dist import init_distributed
 
     from hvdtrain.errors import HvdtrainError
 

@@ -47,12 +47,12 @@ def _thread_times() -> dict:
 
 
 def worker(a) -> None:
-    from hvdtrain.dist import init_distributed
+    from hvdtrain.runtime.dist import init_distributed
 
     ctx = init_distributed(threads=1, use_gpu=False)
     import tensorflow as tf
 
-    from hvdtrain.models import norm_factory, seed_cnn
+    from hvdtrain.model.zoo import norm_factory, seed_cnn
 
     dataset = common.bench_dataset("cnn", a.batch_size, ctx.size)
 

@@ -65,11 +65,11 @@ def plain_horovod_loop(ctx, model, x, y, batch_size: int, lr: float):
 
 
 def worker(a) -> None:
-    from hvdtrain.dist import init_distributed
+    from hvdtrain.runtime.dist import init_distributed
 
     ctx = init_distributed(threads=a.threads)
     import tensorflow as tf
-    from hvdtrain.models import norm_factory
+    from hvdtrain.model.zoo import norm_factory
 
     dataset = common.bench_dataset("cnn", a.batch_size, ctx.size)
     pairs = {"same layers (Keras BN)": (common.keras_batch_norm, common.keras_batch_norm),

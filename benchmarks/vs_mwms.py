@@ -45,7 +45,7 @@ def mwms_worker(a) -> None:
                                               drop_remainder=True)
         return ds.map(lambda x, y: (tf.cast(x, tf.float32) / 255.0, y)).prefetch(tf.data.AUTOTUNE)
 
-    from hvdtrain.models import seed_cnn, unfused_norm
+    from hvdtrain.model.zoo import seed_cnn, unfused_norm
 
     with strategy.scope():
         tf.keras.utils.set_random_seed(0)

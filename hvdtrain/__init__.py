@@ -3,16 +3,27 @@
 Start one process per rank: ``horovodrun -np 2 --gloo python -m hvdtrain``. Importing the package
 is cheap; TensorFlow is loaded when a TensorFlow-backed name is first used.
 """
+import importlib.util
+import os
+
+# Before TensorFlow is imported, which reads both once:
+# * tf.keras must be Keras 2 (the tf_keras package) on TensorFlow >= 2.16, whose default Keras 3
+#   variables and optimizers Horovod's DistributedOptimizer does not handle (hvdtrain.compat).
+# * TensorFlow's INFO banners (oneDNN, cpu_feature_guard), printed by every rank, hide hvdtrain's lines.
+if importlib.util.find_spec("tf_keras") is not None:
+    os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+
 __version__ = "0.1.0"
 
 __all__ = ["SyncBatchNormalization", "HvdtrainError", "__version__"]
 
-from hvdtrain.errors import HvdtrainError
+from hvdtrain.errors import HvdtrainError  # noqa: E402
 
 
 def __getattr__(name):
     if name == "SyncBatchNormalization":
-        from hvdtrain.sync_bn import SyncBatchNormalization
+        from hvdtrain.model.sync_bn import SyncBatchNormalization
 
         return SyncBatchNormalization
     raise AttributeError(f"module 'hvdtrain' has no attribute {name!r}")

@@ -1,7 +1,7 @@
 """Side effects of training (printing, logging, checkpointing), as callbacks.
 
-Callbacks marked ``chief_only = True`` run on rank 0 only: :func:`hvdtrain.train.run` creates them in
-its one rank-0 block and :class:`hvdtrain.train.Trainer` refuses them on other ranks. No chief-only
+Callbacks marked ``chief_only = True`` run on rank 0 only: :mod:`hvdtrain.chief` creates them for
+the recipe's one rank-0 block and :class:`hvdtrain.trainer.Trainer` refuses them on other ranks. No chief-only
 callback runs a collective, so what they do cannot desynchronise the ranks; the one callback that
 does (:class:`ElasticCommit`) runs on every rank at the same points.
 """
@@ -13,12 +13,13 @@ import sys
 import time
 from typing import List, Optional, Tuple
 
-from hvdtrain.errors import say
+from hvdtrain.errors import HvdtrainError, say
 from hvdtrain.files import replace_file
+from hvdtrain.state import TrainPosition
 
 
 class Callback:
-    """Hooks called by :class:`hvdtrain.train.Trainer`. All metrics are already global (exact over ranks)."""
+    """Hooks called by :class:`hvdtrain.trainer.Trainer`. All metrics are already global (exact over ranks)."""
 
     chief_only = True
 
@@ -30,15 +31,14 @@ class Callback:
     def on_step_end(self, epoch: int, step: int, running: Optional[dict]) -> None:
         """``running`` holds global running ``loss``/``accuracy`` on steps where they were reduced, else None."""
 
-    def on_mid_epoch_checkpoint(self, epoch: int, steps_done: int, epoch_sums) -> None:
-        """After ``steps_done`` steps of ``epoch``; ``epoch_sums`` are the global ``[loss, correct, count]`` so far."""
+    def on_save_point(self, position: TrainPosition) -> None:
+        """A save point within an epoch (``Trainer.fit``'s ``save_every``), at ``position``, whose
+        ``epoch_sums`` are the epoch's global ``[loss, correct, count]`` so far."""
 
     def on_epoch_end(self, epoch: int, metrics: dict) -> None: ...
 
-    def on_evaluation_only(self, position: dict, metrics: dict) -> None:
-        """A run with nothing left to train evaluated the model at ``position`` (``epoch``:
-        epochs done, ``step_in_epoch``, ``example_in_epoch``: how far into the next, as in a
-        checkpoint's ``meta.json``)."""
+    def on_evaluation_only(self, position: TrainPosition, metrics: dict) -> None:
+        """A run with nothing left to train evaluated the model at ``position``."""
 
     def after_agreement(self) -> None:
         """Elastic jobs: after every rank agreed on rank 0's writes at a checkpoint hook (non-chief callbacks)."""
@@ -129,7 +129,7 @@ class JsonlMetrics(Callback):
             f.write(json.dumps({"epoch": epoch + 1, **metrics}) + "\n")
 
     def on_evaluation_only(self, position, metrics):
-        replace_file(self.evaluation_path, json.dumps({**position, **metrics}) + "\n")
+        replace_file(self.evaluation_path, json.dumps({**position.to_meta(sums=False), **metrics}) + "\n")
 
 
 class TensorBoard(Callback):
@@ -219,28 +219,22 @@ class Checkpointer(Callback):
     ``step_in_epoch`` and ``example_in_epoch`` the position within the next.
     """
 
-    def __init__(self, manager, meta: dict, plan, global_step, every_steps: int = 0):
+    def __init__(self, manager, meta: dict, global_step, every_steps: int = 0):
         self.manager = manager
         self.meta = meta
-        self.plan = plan
         self.global_step = global_step
         self.every_steps = every_steps
 
-    def on_mid_epoch_checkpoint(self, epoch, steps_done, epoch_sums):
-        if not self.every_steps or steps_done % self.every_steps:
-            return
-        self._save(meta={**self.meta, "epoch": epoch, "step_in_epoch": steps_done,
-                         "example_in_epoch": self.plan.examples_before(steps_done),
-                         "epoch_sums": [float(v) for v in epoch_sums]})
+    def on_save_point(self, position):
+        if not self.every_steps or position.step % self.every_steps:
+            return  # a save point of another kind (an elastic commit)
+        self._save(meta={**self.meta, **position.to_meta()})
 
     def on_epoch_end(self, epoch, metrics):
-        self._save(meta={**self.meta, "epoch": epoch + 1, "step_in_epoch": 0, "example_in_epoch": 0,
-                         "metrics": metrics})
+        self._save(meta={**self.meta, **TrainPosition(epoch + 1).to_meta(), "metrics": metrics})
 
     def _save(self, meta):
         import tensorflow as tf
-
-        from hvdtrain.errors import HvdtrainError
 
         tag = int(self.global_step.numpy())
         try:
@@ -257,12 +251,12 @@ class ElasticCommit(Callback):
     After a worker is lost, every rank rolls back to the last commit; a commit is also where a
     rank learns that workers joined or left (``HostsUpdatedInterrupt``, raised on every rank at
     the same commit: the check is a broadcast from rank 0). A commit has two halves, which
-    :meth:`hvdtrain.train.Trainer._checkpoint_hook` calls around the ranks' agreement on rank 0's
+    :meth:`hvdtrain.trainer.Trainer._write_hook` calls around the ranks' agreement on rank 0's
     writes: the hook saves the state (local), :meth:`after_agreement` checks for host updates
     (a collective). So a worker lost during rank 0's checkpoint write rolls the others back to
     the state of that checkpoint, not to an earlier one.
 
-    The trainer calls :meth:`on_mid_epoch_checkpoint` every ``--commit-every`` steps and at
+    The trainer calls :meth:`on_save_point` every ``--commit-every`` steps and at
     checkpoint steps, and each call commits: so a rollback never returns to a state older than a
     checkpoint on disk, and the run's checkpoints stay one timeline, their tags (global steps)
     increasing. The last commit, at the end of training, does not check for host updates: the job
@@ -270,24 +264,23 @@ class ElasticCommit(Callback):
 
     Args:
         state: the :class:`hvdtrain.elastic.TrainingState`.
-        plan: this world size's shard plan (steps to positions in the epoch).
         epochs: the run's total epochs.
     """
 
     chief_only = False
 
-    def __init__(self, state, plan, epochs: int):
-        self.state, self.plan, self.epochs = state, plan, epochs
+    def __init__(self, state, epochs: int):
+        self.state, self.epochs = state, epochs
         self._check_hosts = False
 
-    def on_mid_epoch_checkpoint(self, epoch, steps_done, epoch_sums):
-        self._commit(epoch, self.plan.examples_before(steps_done), [float(v) for v in epoch_sums], check_hosts=True)
+    def on_save_point(self, position):
+        self._commit(position, check_hosts=True)
 
     def on_epoch_end(self, epoch, metrics):
-        self._commit(epoch + 1, 0, None, check_hosts=epoch + 1 < self.epochs)
+        self._commit(TrainPosition(epoch + 1), check_hosts=epoch + 1 < self.epochs)
 
-    def _commit(self, epoch, example, epoch_sums, check_hosts: bool):
-        self.state.epoch, self.state.example, self.state.epoch_sums = epoch, example, epoch_sums
+    def _commit(self, position: TrainPosition, check_hosts: bool):
+        self.state.position = position
         self.state.save()
         self._check_hosts = check_hosts
 

@@ -82,7 +82,7 @@ def _refuse_a_file(directory: str) -> None:
 class CheckpointManager:
     """Saves and restores ``tf.train.Checkpoint(model=..., optimizer=...)`` plus JSON metadata.
 
-    Only the chief (rank 0) constructs one (see :func:`hvdtrain.train.run`); the restored state
+    Only the chief (rank 0) constructs one (see :func:`hvdtrain.recipe.run`); the restored state
     reaches the other ranks by broadcast, so only rank 0 needs the directory.
 
     Args:

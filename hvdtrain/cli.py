@@ -14,10 +14,9 @@ from typing import List, Optional
 
 from hvdtrain.config import (DATASETS, LR_SCHEDULES, CheckpointConfig, Config, DataConfig, ElasticConfig, LogConfig,
                              ModelConfig, OptimConfig, RuntimeConfig)
-from hvdtrain.dist import PeerFailure, PeerLost, current_rank, is_peer_loss, launcher_rank
-from hvdtrain.errors import HvdtrainError, say
-from hvdtrain.stop import (Terminated, defer_stop_signals, install_stop_handlers, restore_default_sigterm,
-                           sigterm_received, stop_requested)
+from hvdtrain.errors import Ending, HvdtrainError, RunEnded, say
+from hvdtrain.runtime.dist import launcher_rank
+from hvdtrain.runtime.signals import defer_stop_signals, install_stop_handlers, restore_default_sigterm
 
 EXIT_ERROR = 2
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a process ended by Ctrl-C
@@ -105,6 +104,12 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--stall-timeout", type=float, default=d.runtime.stall_timeout,
                    help="seconds a rank may make no progress (waiting for a stalled, lost or unreachable rank) "
                         "before the job aborts; 0 waits forever")
+    g.add_argument("--no-sync-bn-kernels", action="store_true",
+                   help="synchronized BatchNorm on the CPU: TensorFlow ops instead of hvdtrain's single-pass kernels")
+    g.add_argument("--horovod-nice", type=int, default=d.runtime.horovod_nice,
+                   help="nice level of Horovod's threads on a CPU rank under MPI or alone (0: leave them be)")
+    g.add_argument("--horovod-cycle-time", type=float, default=d.runtime.horovod_cycle_time_ms,
+                   help="ms between Horovod's looks for ready collectives (HOROVOD_CYCLE_TIME, which wins if set)")
 
     g = p.add_argument_group("elastic training (horovodrun --min-np N --max-np M --host-discovery-script S)")
     g.add_argument("--elastic", action="store_true",
@@ -134,7 +139,9 @@ def config_from_args(argv: Optional[List[str]] = None) -> Config:
         checkpoint=CheckpointConfig(dir=a.checkpoint_dir, resume=a.resume, keep=a.keep_checkpoints,
                                     every_steps=a.checkpoint_every),
         log=LogConfig(dir=a.log_dir, log_every=a.log_every, progress=not a.no_progress),
-        runtime=RuntimeConfig(threads=a.threads, cpu=a.cpu, stall_timeout=a.stall_timeout),
+        runtime=RuntimeConfig(threads=a.threads, cpu=a.cpu, stall_timeout=a.stall_timeout,
+                              sync_bn_kernels=not a.no_sync_bn_kernels, horovod_nice=a.horovod_nice,
+                              horovod_cycle_time_ms=a.horovod_cycle_time),
         elastic=ElasticConfig(enabled=a.elastic, commit_every=a.commit_every),
     )
 
@@ -144,84 +151,43 @@ def main(argv: Optional[List[str]] = None) -> int:
     on Ctrl-C, 143 on SIGTERM (and the watchdog with 3 on a stall)."""
     try:
         config = config_from_args(argv)
-        from hvdtrain.train import run  # imports TensorFlow: after argument checks, so --help is fast
+    except HvdtrainError as e:  # the same flags on every rank: the launcher's rank 0 reports
+        if launcher_rank() != 0:
+            return _quiet_exit()
+        say(f"hvdtrain: error: {e}", sys.stderr)
+        return EXIT_ERROR
+    from hvdtrain.recipe import run  # imports TensorFlow: after argument checks, so --help is fast
 
-        install_stop_handlers()  # launchers pass Ctrl-C on as SIGTERM, as Slurm does on scancel
+    install_stop_handlers()  # launchers pass Ctrl-C on as SIGTERM, as Slurm does on scancel
+    try:
         run(config)
-        defer_stop_signals()
-        return 0
-    except SystemExit:
-        raise  # argparse: --help, or a usage error it has printed
-    except BaseException as e:  # noqa: BLE001
-        defer_stop_signals()  # a SIGTERM now must not replace the error being reported
-        status = _exit_status(e)
-        if status is None:
-            raise
-        return status
+    except RunEnded as ended:
+        return _leave(ended)
+    defer_stop_signals()
+    return 0
 
 
-def _exit_status(e: BaseException) -> Optional[int]:
-    """Report ``e`` on the rank that should (once per job) and return this rank's exit status, or
-    None to re-raise it; exit at once where Horovod's shutdown at exit would wait for peers that
-    are gone or busy.
-
-    Args:
-        e: what :func:`hvdtrain.train.run` (or the parsing before it) raised on this rank.
-
-    Returns:
-        The exit status (2, after a 2 s pause on ranks that leave the message to another), or
-        None for an error that is not hvdtrain's to report. Ctrl-C and SIGTERM exit at once
-        with 130 and 143 instead of returning.
-    """
-    if isinstance(e, KeyboardInterrupt) or (stop_requested() and not isinstance(e, (HvdtrainError, PeerLost))):
-        # Ctrl-C or SIGTERM (hvdtrain.stop), also where it came out as another error (e.g. one raised
-        # while closing the logs after it, which then carries it as its context).
-        run_dir = getattr(e, "run_dir", None) or getattr(e.__context__, "run_dir", None)
-        _exit_interrupted(run_dir, terminated=isinstance(e, Terminated) or sigterm_received())
+def _leave(ended: RunEnded) -> int:
+    """Print what this rank should of how the run ended (once per job) and return its exit
+    status, or exit at once where Horovod's shutdown at exit would wait for peers that are gone
+    or busy (:class:`~hvdtrain.errors.Ending`)."""
+    defer_stop_signals()  # a SIGTERM now must not replace what is being reported
+    if ended.ending in (Ending.INTERRUPTED, Ending.TERMINATED):
+        if ended.message:
+            say(ended.message, sys.stderr)
+        os._exit(EXIT_TERMINATED if ended.ending is Ending.TERMINATED else EXIT_INTERRUPTED)
     restore_default_sigterm()  # as before the run: a launcher's SIGTERM ends a rank stuck in shutdown
-    if isinstance(e, HvdtrainError):
-        alone = getattr(e, "skip_horovod_shutdown", False)  # raised on this rank only (hvdtrain.train.run)
-        report = getattr(e, "report", None)  # set for errors raised on every rank (hvdtrain.train.run)
-        if report is None:
-            report = current_rank() == 0 or getattr(e, "rank_found", False) or alone
-        if not report:
-            return _quiet_exit()
-        say(f"hvdtrain: error: {e}", sys.stderr)
-        if alone:
-            os._exit(EXIT_ERROR)  # without Horovod's shutdown at exit, which would wait for the peers
-        return EXIT_ERROR
-    if isinstance(e, PeerFailure):
+    if ended.ending is Ending.QUIET:
         return _quiet_exit()
-    if isinstance(e, PeerLost):
-        if not e.report:
-            return _quiet_exit()
-        say(f"hvdtrain: error: {e}", sys.stderr)
-        return EXIT_ERROR
-    if getattr(e, "skip_horovod_shutdown", False):
-        # This rank's own failure: its traceback is the message. Exit without Horovod's shutdown
-        # (at exit), which would wait for the peers; they see this rank go at once.
-        traceback.print_exception(type(e), e, e.__traceback__)
+    if ended.traceback:
+        cause = ended.cause
+        traceback.print_exception(type(cause), cause, cause.__traceback__)
+    if ended.message:
+        say(ended.message, sys.stderr)
+    if ended.ending is Ending.ALONE:
         sys.stderr.flush()
-        os._exit(EXIT_ERROR)
-    if not is_peer_loss(e):
-        return None
-    if current_rank() != 0:  # lost before the watchdog could be asked (start-up)
-        return _quiet_exit()
-    say("hvdtrain: error: another rank failed or was lost, so Horovod shut down. The launcher names the "
-        "rank that failed first.", sys.stderr)
+        os._exit(EXIT_ERROR)  # without Horovod's shutdown at exit, which would wait for the peers
     return EXIT_ERROR
-
-
-def _exit_interrupted(run_dir: Optional[str], terminated: bool) -> None:
-    """Ctrl-C or SIGTERM: rank 0 (of now: an elastic job's may not be the launcher's) says where the
-    run can be resumed from; every rank exits at once, without Horovod's shutdown at exit, which
-    would wait for the peers."""
-    if current_rank() == 0:
-        how = "stopped by SIGTERM (a launcher's Ctrl-C, or the scheduler)" if terminated else "interrupted"
-        resume = (f"rerun the same command with --resume --log-dir {run_dir} to continue from the last one"
-                  if run_dir else "nothing was written yet")
-        say(f"hvdtrain: {how}; the checkpoints written so far are complete: {resume}", sys.stderr)
-    os._exit(EXIT_TERMINATED if terminated else EXIT_INTERRUPTED)
 
 
 def _quiet_exit() -> int:

@@ -9,10 +9,10 @@ import dataclasses
 import math
 from typing import Optional
 
-from hvdtrain.data import DEFAULT_DATA_DIR
 from hvdtrain.errors import HvdtrainError
 
 DATASETS = ("idx", "npz", "synthetic")
+DEFAULT_DATA_DIR = "/usr/share/datasets/fashion-mnist"  # Debian's dataset-fashion-mnist
 LR_SCHEDULES = ("cosine", "constant")
 
 
@@ -152,16 +152,29 @@ class RuntimeConfig:
         threads: TensorFlow intra-op threads per rank; 0 = one per CPU core of this rank's own.
         cpu: train on the CPU even where GPUs are present.
         stall_timeout: seconds without a finished step before a rank aborts (0 = wait forever).
+        sync_bn_kernels: synchronized BatchNorm on the CPU uses hvdtrain's single-pass kernels
+            where built (False: TensorFlow ops, the same quantities in two passes).
+        horovod_nice: nice level of Horovod's threads on a CPU rank under MPI or alone, so that
+            its polling yields the cores to the compute (0 leaves them be; 0..19).
+        horovod_cycle_time_ms: ``HOROVOD_CYCLE_TIME``, unless the environment sets it: how often
+            Horovod's background thread looks for ready collectives, milliseconds (> 0).
     """
 
     threads: int = 0
     cpu: bool = False
     stall_timeout: float = 120.0
+    sync_bn_kernels: bool = True
+    horovod_nice: int = 19
+    horovod_cycle_time_ms: float = 0.1
 
     def __post_init__(self):
         _check(_is_int(self.threads) and self.threads >= 0, "--threads", "an integer >= 0", self.threads)
         _check(_is_number(self.stall_timeout) and self.stall_timeout >= 0, "--stall-timeout", "finite and >= 0",
                self.stall_timeout)
+        _check(_is_int(self.horovod_nice) and 0 <= self.horovod_nice <= 19, "--horovod-nice", "an integer in [0, 19]",
+               self.horovod_nice)
+        _check(_is_number(self.horovod_cycle_time_ms) and self.horovod_cycle_time_ms > 0, "--horovod-cycle-time",
+               "finite and > 0", self.horovod_cycle_time_ms)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -18,7 +18,7 @@ What happens, per Horovod's elastic recipe (https://horovod.readthedocs.io/en/st
   state by broadcast before the first step. (Not at the last commit, the end of training: the job
   ends there.)
 
-After each restart :func:`train_elastic` re-runs the part of the recipe that depends on the world
+After each restart :class:`ElasticJob` re-runs the part of the recipe that depends on the world
 size: the shard plan (continuing at the same example of the same epoch's permutation, so no
 example is repeated or skipped), the learning rate (``base_lr · world_size``, warmup and decay
 continued at the same point in epochs), the compiled step, the rank that keys dropout masks, and
@@ -28,21 +28,26 @@ from __future__ import annotations
 
 import contextlib
 import os
-import time
+from typing import Optional
 
 from horovod.common.elastic import ObjectState
 
 from hvdtrain import callbacks as cbs
-from hvdtrain.checkpoint import CheckpointManager, check_resumable, require_checkpoint_dir
+from hvdtrain.checkpoint import CheckpointManager, require_checkpoint_dir
+from hvdtrain.chief import banner, chief_callbacks
 from hvdtrain.config import Config
-from hvdtrain.data import data_mismatch
-from hvdtrain.dist import DistContext, PeerFailure, is_peer_loss
-from hvdtrain.errors import say
-from hvdtrain.models import set_dropout_rank
+from hvdtrain.data.datasets import Dataset, data_mismatch
+from hvdtrain.data.sharding import ShardPlan
+from hvdtrain.errors import FoundHere, PeerFailure, RunEnded, is_peer_loss, say
+from hvdtrain.model.zoo import set_dropout_rank
 from hvdtrain.optim import rescale_schedule
-from hvdtrain.sharding import ShardPlan
-from hvdtrain.stop import defer_stop_signals
-from hvdtrain.watchdog import Watchdog
+from hvdtrain.rundir import checkpoint_dir, checkpoint_meta, default_run_dir, open_run_dir, restore_for_resume
+from hvdtrain.runtime import dist
+from hvdtrain.runtime.dist import DistContext
+from hvdtrain.runtime.signals import defer_stop_signals
+from hvdtrain.runtime.watchdog import Watchdog
+from hvdtrain.state import TrainPosition
+from hvdtrain.trainer import Trainer, broadcast_state
 
 
 class TrainingState(ObjectState):
@@ -55,21 +60,18 @@ class TrainingState(ObjectState):
     Args:
         model: the Keras model (built).
         optimizer: its optimizer, variables built.
-        fingerprint: this worker's :meth:`hvdtrain.data.Dataset.fingerprint`; a sync checks it
-            against rank 0's (kept as the attribute ``data``).
+        fingerprint: this worker's :meth:`hvdtrain.data.datasets.Dataset.fingerprint`; a sync
+            checks it against rank 0's (kept as the attribute ``data``).
         **kwargs: plain Python values kept with the variables and exposed as attributes:
-            ``epoch`` (completed epochs, int), ``example`` (position in that epoch's permutation,
-            int), ``epoch_sums`` (the epoch's global ``[loss, correct, count]`` so far, or None),
-            ``run_dir`` (str), ``dir_checked`` (bool), ``resume_pending`` (bool).
+            ``position`` (:class:`TrainPosition`), ``run_dir`` (str), ``dir_checked`` (bool),
+            ``resume_pending`` (bool).
     """
 
     def __init__(self, model, optimizer, fingerprint: dict, **kwargs):
-        import horovod.tensorflow as hvd
-
         self._variables = list(model.variables) + list(optimizer.variables)
         self._values = [v.numpy() for v in self._variables]
         self._fingerprint = fingerprint
-        super().__init__(bcast_object=hvd.broadcast_object, get_rank=hvd.rank, data=fingerprint, **kwargs)
+        super().__init__(bcast_object=dist.broadcast_object, get_rank=dist.current_rank, data=fingerprint, **kwargs)
 
     def save(self):
         """Copy the variables to host memory (a commit; local, no collective)."""
@@ -93,13 +95,11 @@ class TrainingState(ObjectState):
                 of the dataset, say): it leaves alone, before the variables (whose shapes may
                 differ too) are broadcast.
         """
-        import horovod.tensorflow as hvd
-
         with _peer_loss_as_reset():
             super().sync()  # the attributes first: rank 0's position and data fingerprint
             if self.data != self._fingerprint:
-                raise data_mismatch(hvd.rank(), self._fingerprint, self.data)
-            hvd.broadcast_variables(self._variables, root_rank=0)
+                raise data_mismatch(dist.current_rank(), self._fingerprint, self.data)
+            dist.broadcast_variables(self._variables)
             self._values = [v.numpy() for v in self._variables]
 
 
@@ -108,131 +108,131 @@ def _peer_loss_as_reset():
     """Turn the errors of a collective whose peer went away into Horovod's ``HorovodInternalError``.
 
     TensorFlow reports them as its own error types; Horovod's elastic loop rolls back and resets
-    only on ``HorovodInternalError``. Any other error passes unchanged.
+    only on ``HorovodInternalError``. Any other error passes unchanged, and so do the ranks'
+    agreed errors (:class:`FoundHere`, :class:`PeerFailure`): every rank stops on those.
     """
     from horovod.common.exceptions import HorovodInternalError
 
     try:
         yield
-    except (HorovodInternalError, PeerFailure):
+    except (HorovodInternalError, FoundHere, PeerFailure, RunEnded):
         raise
     except Exception as e:  # noqa: BLE001
-        if is_peer_loss(e) and not getattr(e, "rank_found", False):  # not an error every rank agreed on
+        if is_peer_loss(e):
             raise HorovodInternalError(f"{type(e).__name__}: {e}") from e
         raise
 
 
-def _resume(config: Config, model, optimizer, fingerprint: dict) -> dict:
-    """Rank 0: restore the latest checkpoint into ``model`` and ``optimizer``; return its position
-    (the start, if the checkpoint directory holds none yet).
-
-    The position is in examples, so the job may resume at any world size (but not with another
-    local batch, seed or data).
-
-    Raises:
-        HvdtrainError: no checkpoint directory, an unreadable checkpoint, or one of another model,
-            local batch, seed or data; no checkpoint, though the run's metrics record more than
-            one epoch.
-    """
-    ckpt_dir = config.checkpoint.dir or os.path.join(config.log.dir, "checkpoints")
-    require_checkpoint_dir(ckpt_dir)
-    manager = CheckpointManager(ckpt_dir, model, optimizer, keep=config.checkpoint.keep)
-    if manager.latest() is None:
-        from hvdtrain.train import start_without_checkpoint  # (hvdtrain.train imports this module)
-
-        start_without_checkpoint(ckpt_dir, config.log.dir)
-        return {"epoch": 0, "example": 0, "epoch_sums": None}
-    latest, meta = manager.restore_latest()
-    check_resumable(latest, meta, {"batch_size": config.batch_size, "seed": config.seed, "data": fingerprint})
-    num_examples = fingerprint["train_examples"]
-    step = int(meta.get("step_in_epoch", 0))
-    example = meta.get("example_in_epoch", min(step * meta["world_size"] * meta["batch_size"], num_examples))
-    return {"epoch": int(meta["epoch"]), "example": int(example), "epoch_sums": meta.get("epoch_sums")}
-
-
-def train_elastic(config: Config, ctx: DistContext, dataset, fingerprint: dict, model, optimizer,
-                  watchdog: Watchdog) -> dict:
-    """Steps 5-8 of :func:`hvdtrain.train.run` for an elastic job, re-run after every reset.
+class ElasticJob:
+    """Steps 5-8 of the recipe (run directory, broadcast, rank-0 block, training) for an elastic
+    job, re-run with the workers there are after every reset.
 
     Args:
         config: the run's config (``config.elastic.enabled``).
         ctx: this process's context as started; refreshed after each reset.
-        dataset, model, optimizer: as built by :func:`hvdtrain.train.run` (not yet broadcast:
-            the first state sync does that).
+        dataset, model, optimizer: as the recipe built them (not yet broadcast: the first state
+            sync does that).
         fingerprint: ``dataset.fingerprint()``, checked against rank 0's at every state sync.
         watchdog: the stall watchdog (told of resets, which wait for the driver).
-
-    Returns:
-        The final metrics, as :meth:`Trainer.fit`.
-
-    Raises:
-        HvdtrainError: for bad checkpoints or directories, or an error in rank 0's writes, on
-            rank 0 (which prints it); the other workers raise :class:`PeerFailure`, and the
-            driver ends the job. (An error in a worker's own start-up, or data that differ from
-            rank 0's, ends that worker only.)
     """
-    import horovod.tensorflow as hvd
-    from horovod.common.elastic import run_fn
-    from horovod.common.exceptions import HostsUpdatedInterrupt
 
-    from hvdtrain.train import Trainer, banner, broadcast_state, chief_callbacks, open_run_dir
+    def __init__(self, config: Config, ctx: DistContext, dataset: Dataset, fingerprint: dict, model, optimizer,
+                 watchdog: Watchdog):
+        self.config, self.ctx, self.dataset, self.fingerprint = config, ctx, dataset, fingerprint
+        self.model, self.optimizer, self.watchdog = model, optimizer, watchdog
+        # A worker's own run directory name; rank 0's wins at the first sync.
+        self.state = TrainingState(model, optimizer, fingerprint, position=TrainPosition(),
+                                   run_dir=config.log.dir or default_run_dir(),
+                                   dir_checked=config.checkpoint.resume, resume_pending=config.checkpoint.resume)
 
-    n = len(dataset.y_train)
-    # A worker's own run directory name; rank 0's wins at the first sync.
-    run_dir = config.log.dir or os.path.join("runs", time.strftime("%Y%m%d-%H%M%S"))
-    state = TrainingState(model, optimizer, fingerprint, epoch=0, example=0, epoch_sums=None, run_dir=run_dir,
-                          dir_checked=config.checkpoint.resume, resume_pending=config.checkpoint.resume)
+    @property
+    def run_dir(self) -> Optional[str]:
+        """The job's run directory (rank 0's, once the first sync has run)."""
+        return self.state.run_dir
 
-    def train_once(state: TrainingState) -> dict:
+    def run(self) -> dict:
+        """Train to the end, resetting whenever workers leave or join.
+
+        Returns:
+            The final metrics, as :meth:`Trainer.fit`.
+
+        Raises:
+            FoundHere: for bad checkpoints or directories, or an error in rank 0's writes, on
+                rank 0 (which prints it); the other workers raise :class:`PeerFailure`, and the
+                driver ends the job. (An error in a worker's own start-up, or data that differ
+                from rank 0's, ends that worker only.)
+        """
+        from horovod.common.elastic import run_fn
+
+        def train(state: TrainingState) -> dict:
+            with _peer_loss_as_reset():  # a worker lost mid-collective: roll back and go on without it
+                return self._train_once(state)
+
+        return run_fn(train, self._reset)(self.state)
+
+    def _resume(self, ctx: DistContext) -> TrainPosition:
+        """Rank 0: restore the latest checkpoint into the model and optimizer; return its position.
+
+        The position is in examples, so the job may resume at any world size (but not with
+        another local batch, seed or data).
+        """
+        config = self.config
+        ckpt_dir = checkpoint_dir(config, config.log.dir)
+        require_checkpoint_dir(ckpt_dir)
+        manager = CheckpointManager(ckpt_dir, self.model, self.optimizer, keep=config.checkpoint.keep)
+        expected = {"batch_size": config.batch_size, "seed": config.seed, "data": self.fingerprint}
+        return restore_for_resume(config, manager, config.log.dir, expected, len(self.dataset.y_train), elastic=True)
+
+    def _train_once(self, state: TrainingState) -> dict:
         """Steps 5-8 with the current workers, from the state's position (after a sync)."""
-        here = ctx.refreshed()
-        watchdog.beat("the first step after an elastic (re)start")
-        watchdog.rank = here.rank
-        set_dropout_rank(model, here.rank)  # the ranks were renumbered: keep dropout masks distinct
+        from horovod.common.exceptions import HostsUpdatedInterrupt
+
+        config, model, optimizer = self.config, self.model, self.optimizer
+        ctx = self.ctx.refreshed()
+        self.watchdog.beat("the first step after an elastic (re)start")
+        set_dropout_rank(model, ctx.rank)  # the ranks were renumbered: keep dropout masks distinct
         if state.resume_pending:
             # Once per job, at its first start: rank 0 reads the checkpoint and sends it to all.
             # (Workers that join later receive resume_pending=False, and the state, by sync.)
-            position = here.guarded("restoring the checkpoint", lambda: _resume(config, model, optimizer, fingerprint)
-                                    if here.is_chief else None)
-            vars(state).update(here.broadcast_object(position, name="hvdtrain.elastic.resume"))
-            broadcast_state(here, model, optimizer)
+            position = ctx.guarded("restoring the checkpoint", lambda: self._resume(ctx) if ctx.is_chief else None)
+            state.position = ctx.broadcast_object(position, name="hvdtrain.elastic.resume")
+            broadcast_state(ctx, model, optimizer)
             state.resume_pending = False
             state.save()
-        plan = ShardPlan(n, config.batch_size, here.size, here.rank, seed=config.seed)
+        n = len(self.dataset.y_train)
+        plan = ShardPlan(n, config.batch_size, ctx.size, ctx.rank, seed=config.seed)
+        start = state.position
         # The learning rate follows the world size; warmup and decay continue where they were.
-        schedule = rescale_schedule(optimizer, config.optim, here.size, plan.steps_per_epoch, config.epochs,
-                                    epochs_done=state.epoch + state.example / n)
+        schedule = rescale_schedule(optimizer, config.optim, ctx.size, plan.steps_per_epoch, config.epochs,
+                                    epochs_done=start.epoch + start.example / n)
+        # A step of another world size's plan means nothing here: continue at the example.
+        start = TrainPosition(start.epoch, 0, start.example, start.epoch_sums)
         callbacks = []
         try:
-            ckpt_dir = config.checkpoint.dir or os.path.join(state.run_dir, "checkpoints")
-            # Rank 0 (perhaps another process than before the reset) opens the run directory; all
-            # ranks agree on the outcome (a collective: every rank is past the sync here).
-            meta = {"model": config.model.name, "seed": config.seed, "data": fingerprint, "elastic": True,
-                    "world_size": here.size,
-                    "batch_size": config.batch_size, "steps_per_epoch": plan.steps_per_epoch,
-                    "config": config.to_dict()}
+            ckpt_dir = checkpoint_dir(config, state.run_dir)
+            meta = checkpoint_meta(config, ctx.size, plan.steps_per_epoch, self.fingerprint, elastic=True)
 
             def open_for_rank_0():
                 manager = open_run_dir(config, state.run_dir, ckpt_dir, model, optimizer, fresh=not state.dir_checked)
                 return chief_callbacks(config, state.run_dir, manager, plan, optimizer, meta)
 
-            callbacks = here.guarded("opening the run directory", open_for_rank_0 if here.is_chief else list)
+            # Rank 0 (perhaps another process than before the reset) opens the run directory; all
+            # ranks agree on the outcome (a collective: every rank is past the sync here).
+            callbacks = ctx.guarded("opening the run directory", open_for_rank_0 if ctx.is_chief else list)
             if not state.dir_checked:
                 # Once per job: checkpoints found there later are this job's own. Saved on every
                 # rank alike (the state is in sync), so a new rank 0 after a reset knows it too.
                 state.dir_checked = True
                 state.save()
-            if here.is_chief:  # the rank-0 block
-                say(banner(here, config, dataset, plan, schedule, model, state.run_dir, ckpt_dir,
-                           state.epoch, plan.start_step(first_example=state.example)))
-            callbacks.append(cbs.ElasticCommit(state, plan, config.epochs))
-            trainer = Trainer(here, model, optimizer, dataset, plan, log_every=config.log.log_every,
-                              eval_batch_size=config.data.eval_batch_size, callbacks=callbacks, watchdog=watchdog,
-                              agree_on_side_effects=True)
-            metrics = trainer.fit(state.epoch, config.epochs, start_sums=state.epoch_sums,
-                                  start_example=state.example, checkpoint_every=config.checkpoint.every_steps,
-                                  commit_every=config.elastic.commit_every)
-            # Trained: while the callbacks close (below), SIGTERM is only recorded, as in run().
+            if ctx.is_chief:  # the rank-0 block
+                say(banner(ctx, config, self.dataset, plan, schedule, model, state.run_dir, ckpt_dir, start))
+            callbacks.append(cbs.ElasticCommit(state, config.epochs))
+            trainer = Trainer(ctx, model, optimizer, self.dataset, plan, log_every=config.log.log_every,
+                              eval_batch_size=config.data.eval_batch_size, callbacks=callbacks,
+                              watchdog=self.watchdog, agree_on_writes=True)
+            metrics = trainer.fit(start, config.epochs,
+                                  save_every=(config.checkpoint.every_steps, config.elastic.commit_every))
+            # Trained: while the callbacks close (below), SIGTERM is only recorded, as in the recipe.
             defer_stop_signals()
             return metrics
         except HostsUpdatedInterrupt:
@@ -243,22 +243,13 @@ def train_elastic(config: Config, ctx: DistContext, dataset, fingerprint: dict, 
         finally:
             cbs.close_all(callbacks)
 
-    def train(state: TrainingState) -> dict:
-        with _peer_loss_as_reset():  # a worker lost mid-collective: roll back and go on without it
-            return train_once(state)
+    def _reset(self) -> None:
+        """Between two attempts: wait for the driver to form the new set of workers and restart Horovod.
 
-    def reset():
-        # Waits for the driver to form the new set of workers (up to its elastic timeout, read as
-        # the driver reads it), then for joining workers to start up: not a stall, up to that
-        # long. The watchdog resumes at the next beat.
+        That waits up to the driver's elastic timeout (read as the driver reads it), then for
+        joining workers to start up: not a stall, up to that long. The watchdog resumes at the next beat.
+        """
         from horovod.runner.elastic.driver import ELASTIC_TIMEOUT_SECS
 
-        watchdog.pause("an elastic reset", float(os.environ.get("HOROVOD_ELASTIC_TIMEOUT", ELASTIC_TIMEOUT_SECS)))
-        hvd.shutdown()
-        hvd.init()
-
-    try:
-        return run_fn(train, reset)(state)
-    except BaseException as e:
-        e.run_dir = state.run_dir  # where hvdtrain.cli tells the user to --resume from, after Ctrl-C
-        raise
+        self.watchdog.pause("an elastic reset", float(os.environ.get("HOROVOD_ELASTIC_TIMEOUT", ELASTIC_TIMEOUT_SECS)))
+        dist.restart_horovod()

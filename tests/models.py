@@ -6,7 +6,7 @@ import time
 import tensorflow as tf
 
 from hvdtrain import SyncBatchNormalization
-from hvdtrain.models import SeededDropout, seed_cnn
+from hvdtrain.model.zoo import SeededDropout, seed_cnn
 
 
 def mlp(input_shape, num_classes):
@@ -212,7 +212,7 @@ def nan_update_at_step_57(input_shape, num_classes):
 
 
 def _launcher_rank():
-    from hvdtrain.dist import launcher_rank
+    from hvdtrain.runtime.dist import launcher_rank
 
     return launcher_rank()
 
@@ -288,3 +288,10 @@ def mlp_with_keras_dropout(input_shape, num_classes):
     inner = tf.keras.Sequential([tf.keras.layers.Dense(16, activation="relu"), tf.keras.layers.Dropout(0.2)])
     return tf.keras.Sequential([tf.keras.Input(input_shape), tf.keras.layers.Flatten(), inner,
                                 tf.keras.layers.Dense(num_classes)])
+
+
+def keras3_mlp(input_shape, num_classes):
+    """The MLP built with Keras 3 (``import keras`` on TensorFlow >= 2.16), which hvdtrain refuses."""
+    import keras
+
+    return keras.Sequential([keras.Input(input_shape), keras.layers.Flatten(), keras.layers.Dense(num_classes)])

@@ -5,6 +5,7 @@ Each case prepares its files under ``tmp_path`` and gives the arguments and the 
 stderr exactly once (printed by rank 0 or by the rank that found the problem).
 """
 import hashlib
+import importlib.metadata
 import json
 import os
 import re
@@ -16,9 +17,10 @@ import numpy as np
 import pytest
 
 from tests.ranks import command, rank_env
-from tests.test_data import corrupt, make_idx_dir, save_npz, write_idx
+from tests.data.test_datasets import corrupt, make_idx_dir, save_npz, write_idx
 
 MLP = ["--model", "tests.models:mlp"]
+KERAS_3 = int(importlib.metadata.version("keras").split(".")[0]) >= 3
 SYNTHETIC = ["--dataset", "synthetic"]
 
 
@@ -158,6 +160,11 @@ CASES = [
     ("--elastic with gradient accumulation", lambda t, r: ["--elastic", "--backward-passes-per-step", "2"],
      "--elastic cannot be combined with --backward-passes-per-step 2"),
 ]
+
+
+if KERAS_3:  # TensorFlow >= 2.16, where `import keras` is Keras 3 and tf.keras is tf_keras (Keras 2)
+    CASES.append(("a Keras 3 model", lambda t, r: [*SYNTHETIC, "--model", "tests.models:keras3_mlp"],
+                  "(keras.src.models.sequential.Sequential) is a Keras 3 object"))
 
 
 def snapshot(root):

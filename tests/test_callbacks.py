@@ -8,7 +8,7 @@ import numpy as np
 
 from hvdtrain.callbacks import (Callback, ElasticCommit, EpochLine, JsonlMetrics, ProgressBar, TensorBoard, close_all,
                                 logged_epochs)
-from hvdtrain.sharding import ShardPlan
+from hvdtrain.state import TrainPosition
 from tests.logs import tensorboard_scalars
 
 
@@ -128,7 +128,8 @@ class _ElasticState:
         self.saves, self.host_checks = [], 0
 
     def save(self):
-        self.saves.append((self.epoch, self.example, self.epoch_sums))
+        p = self.position
+        self.saves.append((p.epoch, p.example, list(p.epoch_sums) if p.epoch_sums else None))
 
     def check_host_updates(self):
         self.host_checks += 1
@@ -141,9 +142,8 @@ def test_elastic_commits_at_every_checkpoint_and_epoch_end_and_checks_hosts_afte
     for once per commit, after the ranks agree on rank 0's writes, except at the last epoch's end,
     where the job ends."""
     state = _ElasticState()
-    plan = ShardPlan(num_examples=100, local_batch=5, world_size=2, rank=0)  # global batch 10
-    commit = ElasticCommit(state, plan, epochs=2)
-    commit.on_mid_epoch_checkpoint(0, 3, np.array([1.5, 2.0, 30.0]))
+    commit = ElasticCommit(state, epochs=2)  # 100 examples, global batch 10
+    commit.on_save_point(TrainPosition(0, 3, 30, np.array([1.5, 2.0, 30.0])))
     assert state.saves == [(0, 30, [1.5, 2.0, 30.0])] and state.host_checks == 0
     commit.after_agreement()
     commit.after_agreement()
@@ -151,7 +151,7 @@ def test_elastic_commits_at_every_checkpoint_and_epoch_end_and_checks_hosts_afte
     commit.on_epoch_end(0, {})
     commit.after_agreement()
     assert state.saves[-1] == (1, 0, None) and state.host_checks == 2
-    commit.on_mid_epoch_checkpoint(1, 7, np.array([0.5, 1.0, 70.0]))
+    commit.on_save_point(TrainPosition(1, 7, 70, np.array([0.5, 1.0, 70.0])))
     commit.after_agreement()
     assert state.host_checks == 3
     commit.on_epoch_end(1, {})

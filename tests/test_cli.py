@@ -208,15 +208,16 @@ def test_a_last_global_batch_smaller_than_the_world_size_trains(tmp_path, norm):
     assert [m["train_examples"] for m in logged] == [33, 33]
     assert all(np.isfinite(m["test_loss"]) for m in logged)
 
-    from hvdtrain.models import build_model
-    from hvdtrain.train import _loss_and_sums, _to_model_input
+    from hvdtrain.model.zoo import build_model
+    from hvdtrain.metrics import loss_and_sums
+    from hvdtrain.trainer import to_model_input
 
     model = build_model("cnn", (28, 28, 1), 10, sync_bn=not norm)
     latest = sorted((tmp_path / "run" / "checkpoints").glob("ckpt-*"))[-1]
     tf.train.Checkpoint(model=model).read(str(latest / "state")).expect_partial().assert_existing_objects_matched()
     with np.load(data) as d:
-        images, labels = _to_model_input(d["x_test"][..., None]), tf.constant(d["y_test"], tf.int32)
-    loss_sum, _, count = _loss_and_sums(model(images, training=False), labels)[1].numpy()
+        images, labels = to_model_input(d["x_test"][..., None]), tf.constant(d["y_test"], tf.int32)
+    loss_sum, _, count = loss_and_sums(model(images, training=False), labels)[1].numpy()
     assert loss_sum / count == pytest.approx(logged[-1]["test_loss"], rel=1e-5)
 
 
@@ -352,7 +353,7 @@ def test_gradient_accumulation_with_a_short_last_batch_and_resume_is_exact(tmp_p
 ])
 def test_peer_loss_is_recognised_whichever_error_surfaces_first(message, lost):
     """A dead peer shows up as Horovod's shutdown or as Gloo's socket error, depending on timing."""
-    from hvdtrain.dist import is_peer_loss
+    from hvdtrain.errors import is_peer_loss
 
     assert is_peer_loss(RuntimeError(message)) is lost
 
@@ -361,7 +362,7 @@ def test_hvdtrain_errors_are_never_a_peer_loss():
     """This rank's own error stays its own even when it quotes an OS error that reads like one
     (a checkpoint on a network file system), so it is printed and not blamed on another rank."""
     from hvdtrain import HvdtrainError
-    from hvdtrain.dist import is_peer_loss
+    from hvdtrain.errors import is_peer_loss
 
     quoted = "cannot write checkpoint /nfs/run/ckpt-3: [Errno 104] Connection reset by peer"
     assert is_peer_loss(OSError(quoted))

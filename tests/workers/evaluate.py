@@ -7,16 +7,16 @@ import sys
 
 import numpy as np
 
-from hvdtrain.dist import init_distributed
+from hvdtrain.runtime.dist import init_distributed
 
 
 def main(out_dir: str, num_test: int) -> None:
     ctx = init_distributed(threads=1)
     import tensorflow as tf
-    from hvdtrain.data import make_synthetic
-    from hvdtrain.models import build_model
-    from hvdtrain.sharding import ShardPlan
-    from hvdtrain.train import Trainer
+    from hvdtrain.data.datasets import make_synthetic
+    from hvdtrain.model.zoo import build_model
+    from hvdtrain.data.sharding import ShardPlan
+    from hvdtrain.trainer import Trainer
 
     dataset = make_synthetic(num_train=64, num_test=num_test, image_shape=(8, 8, 1), seed=5)
     tf.keras.utils.set_random_seed(11)  # same weights on every rank: no broadcast needed here

@@ -10,7 +10,7 @@ import sys
 
 import numpy as np
 
-from hvdtrain.dist import init_distributed
+from hvdtrain.runtime.dist import init_distributed
 
 
 def cases(world_size: int) -> dict:
@@ -52,7 +52,8 @@ def main(out_dir: str) -> None:
     ctx = init_distributed(threads=1)
     import tensorflow as tf
     import horovod.tensorflow as hvd
-    from hvdtrain import SyncBatchNormalization, sync_bn_kernels
+    from hvdtrain import SyncBatchNormalization
+    from hvdtrain.model import sync_bn_kernels
 
     results = {}
     for name, case in cases(ctx.size).items():

@@ -6,7 +6,7 @@ import json
 import os
 import sys
 
-from hvdtrain.dist import init_distributed
+from hvdtrain.runtime.dist import init_distributed
 
 ctx = init_distributed(threads=1, use_gpu=False)
 nice, horovod_nice, thread_cores, elsewhere = [], set(), set(), 0

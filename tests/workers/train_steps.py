@@ -12,9 +12,9 @@ import argparse
 import numpy as np
 
 from hvdtrain.config import OptimConfig
-from hvdtrain.data import make_synthetic
-from hvdtrain.dist import init_distributed
-from hvdtrain.sharding import ShardPlan
+from hvdtrain.data.datasets import make_synthetic
+from hvdtrain.runtime.dist import init_distributed
+from hvdtrain.data.sharding import ShardPlan
 
 
 def main():
@@ -31,9 +31,9 @@ def main():
 
     ctx = init_distributed(threads=1)
     import tensorflow as tf
-    from hvdtrain.models import build_model
+    from hvdtrain.model.zoo import build_model
     from hvdtrain.optim import build_optimizer
-    from hvdtrain.train import Trainer, broadcast_state
+    from hvdtrain.trainer import Trainer, broadcast_state
 
     sizes = [int(s) for s in a.sizes.split(",")]
     assert len(sizes) == ctx.size, f"{len(sizes)} sizes for world size {ctx.size}"

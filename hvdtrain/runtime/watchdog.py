@@ -4,9 +4,9 @@ A collective waits for every rank. If one rank is frozen (``kill -STOP``, stuck 
 without its connections closing (a cut network link), or skipped a collective, the others wait
 in it indefinitely: Gloo has timeouts, MPI's TCP transport has none. The trainer calls
 :meth:`Watchdog.beat` after every step, and code that enters a collective says so with
-:func:`in_collective`; if no beat comes for ``timeout`` seconds, the watchdog prints where the job
-is stuck and ends the process with exit status 3, so the launcher (which ends the job when a rank
-fails) and every other rank stop too.
+:func:`hvdtrain.runtime.dist.in_collective`; if no beat comes for ``timeout`` seconds, the
+watchdog prints where the job is stuck and ends the process with exit status 3, so the launcher
+(which ends the job when a rank fails) and every other rank stop too.
 
 Which rank stalled: once connected (:meth:`Watchdog.connect`), every rank's watchdog thread sends
 rank 0 a UDP heartbeat each second -- its progress and the collective it is in, if any -- and
@@ -19,49 +19,21 @@ at half the timeout, when its coordinator can still run.
 """
 from __future__ import annotations
 
-import contextlib
 import os
 import socket
 import sys
 import threading
 import time
-from typing import Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
+
+from hvdtrain.runtime.dist import current_collective
+from hvdtrain.runtime.placement import machine_id
 
 EXIT_STALLED = 3
 
 
-def configure_horovod_stall_check(timeout_s: float) -> None:
-    """Before ``hvd.init()``: have Horovod report missing ranks at ``timeout_s / 2`` (user settings win)."""
-    if timeout_s > 0:
-        os.environ.setdefault("HOROVOD_STALL_CHECK_TIME_SECONDS", str(max(1, int(timeout_s // 2))))
-
-
-_collective: Optional[str] = None  # the collective the main thread is in, if any
-
-
-@contextlib.contextmanager
-def in_collective(name: str):
-    """Mark the enclosed code as waiting in the collective ``name`` (reported if the job stalls)."""
-    global _collective
-    outer, _collective = _collective, name
-    try:
-        yield
-    finally:
-        _collective = outer
-
-
 _FAILED = "FAILED: "
 _STOPPED = "STOPPED"
-
-
-def machine_id() -> str:
-    """This machine's identity, whatever the hostname says: the kernel's boot id (containers on one
-    machine share it, and its cores), or the hostname where the boot id cannot be read."""
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            return f.read().strip()
-    except OSError:
-        return socket.gethostname()
 
 
 def _host_id() -> str:
@@ -104,7 +76,8 @@ class Watchdog:
     """Ends the process if :meth:`beat` is not called for ``timeout_s`` seconds while armed.
 
     Args:
-        rank: this process's rank (for the message).
+        rank: returns this process's rank now (:func:`hvdtrain.runtime.dist.current_rank`: the
+            launcher's until Horovod starts, Horovod's after, renumbered by elastic resets).
         timeout_s: seconds without progress before aborting; 0 disables the stall check (the
             heartbeats still run, so that a lost rank is named).
         poll_s: how often the watchdog thread checks and sends its heartbeat, seconds.
@@ -115,8 +88,8 @@ class Watchdog:
     # A non-chief rank that timed out waits this long for rank 0's message before printing its own.
     DEFER_TO_CHIEF_S = 5.0
 
-    def __init__(self, rank: int, timeout_s: float, poll_s: float = 1.0):
-        self.rank, self.timeout_s, self.poll_s = rank, float(timeout_s), poll_s
+    def __init__(self, rank: Callable[[], int], timeout_s: float, poll_s: float = 1.0):
+        self._rank_now, self.timeout_s, self.poll_s = rank, float(timeout_s), poll_s
         self._last = time.monotonic()
         self._where = "starting"
         self._stop = threading.Event()
@@ -129,6 +102,14 @@ class Watchdog:
         self._failed = ""
         self._stopped = False
         self._ever_heard: set = set()
+
+    @property
+    def rank(self) -> int:
+        """This process's rank now."""
+        try:
+            return self._rank_now()
+        except Exception:  # noqa: BLE001 -- between an elastic reset's shutdown and init
+            return -1
 
     def arm(self, where: str) -> None:
         """Start watching (idempotent); ``where`` says what the rank is doing now."""
@@ -145,17 +126,13 @@ class Watchdog:
         """
         if ctx.size == 1:
             return
-        import horovod.tensorflow as hvd
-
         sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         sock.bind(("0.0.0.0", 0))
         sock.setblocking(False)
         host = _host_id()
-        with in_collective("exchanging heartbeat addresses (allgather)"):
-            everyone = hvd.allgather_object({"port": sock.getsockname()[1], "addrs": _ipv4_addresses(),
-                                             "host": host, "pid": os.getpid()},
-                                            name="hvdtrain.watchdog.addresses")
-            token = ctx.broadcast_object(os.urandom(8).hex(), name="hvdtrain.watchdog.token")
+        everyone = ctx.allgather_object({"port": sock.getsockname()[1], "addrs": _ipv4_addresses(),
+                                         "host": host, "pid": os.getpid()}, name="hvdtrain.watchdog.addresses")
+        token = ctx.broadcast_object(os.urandom(8).hex(), name="hvdtrain.watchdog.token")
         peers = range(1, ctx.size) if ctx.is_chief else [0]
         self._targets = [(addr, everyone[r]["port"]) for r in peers for addr in everyone[r]["addrs"]]
         self._token, self._sock = token, sock
@@ -232,7 +209,7 @@ class Watchdog:
         sock = self._sock
         if sock is None:
             return
-        state = _FAILED + self._failed if self._failed else _STOPPED if self._stopped else (_collective or "")
+        state = _FAILED + self._failed if self._failed else _STOPPED if self._stopped else (current_collective() or "")
         fields = [self._token, str(self.rank), _one_line(self._where), _one_line(state)]
         message = "\t".join(fields).encode()[:1400]
         for target in self._targets:
@@ -260,7 +237,7 @@ class Watchdog:
         never = [r for r, _ in heard if r not in self._ever_heard]
         if never:
             culprits.append(f"no heartbeat ever arrived from rank(s) {never} (UDP to this host blocked?)")
-        if _collective is None:
+        if current_collective() is None:
             culprits.insert(0, f"rank {self.rank} (this rank) is stuck outside any collective after {self._where}")
         culprits += [f"rank {r} is stuck outside any collective after {where}"
                      for r, (when, where, collective) in heard
@@ -287,7 +264,8 @@ class Watchdog:
                 if time.monotonic() - self._last <= self.timeout_s:
                     continue
                 idle = time.monotonic() - self._last
-            waiting = f", waiting in {_collective}" if _collective else ""
+            collective = current_collective()
+            waiting = f", waiting in {collective}" if collective else ""
             sys.stderr.write(
                 f"hvdtrain: error: rank {self.rank} made no progress for {idle:.0f} s after {self._where}{waiting}. "
                 f"Stalled: {self._diagnosis()}. Aborting every rank; resume from the last checkpoint with "

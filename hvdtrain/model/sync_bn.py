@@ -1,12 +1,17 @@
 """Synchronized batch normalization over all Horovod ranks, exact for any per-rank batch sizes
-(or, with ``synchronized=False``, per-rank batch normalization on the same kernels)."""
+(or, with ``synchronized=False``, per-rank batch normalization on the same kernels).
+
+One layer in one module, over 400 lines: its statistics' forward pass, their allreduce and the
+matching custom gradient must change together, and the layer's docstring is its manual. The
+CPU kernels live apart (:mod:`hvdtrain.model.sync_bn_kernels`).
+"""
 from __future__ import annotations
 
 from typing import Optional, Sequence, Union
 
 import tensorflow as tf
 
-from hvdtrain import sync_bn_kernels as kernels
+from hvdtrain.model import sync_bn_kernels as kernels
 
 ACTIVATIONS = (None, "relu")  # what SyncBatchNormalization can fuse after the normalization
 
@@ -93,7 +98,7 @@ class SyncBatchNormalization(tf.keras.layers.Layer):
             costs no memory pass of its own, forward or backward.
         synchronized: if True (default), batch statistics span all ranks' batches; if False, each
             rank's own batch (per-rank batch normalization, no collective call; the moving statistics
-            then differ between ranks, and :func:`hvdtrain.train.per_rank_moving_statistics` finds
+            then differ between ranks, and :func:`hvdtrain.model.moving_statistics.per_rank_moving_statistics` finds
             them). The name and meaning of Keras' ``BatchNormalization(synchronized=...)``.
         **kwargs: standard Keras layer arguments (``name``, ``dtype``, ``trainable``...).
 
@@ -132,11 +137,11 @@ class SyncBatchNormalization(tf.keras.layers.Layer):
           steps per epoch) leaves the others waiting for its allreduce; Horovod's stall check then
           reports the missing rank and, under hvdtrain, the job aborts instead of hanging.
           hvdtrain guarantees equal calls by running the same model on every rank and the same
-          number of steps per epoch on every rank (:mod:`hvdtrain.sharding` gives short local
+          number of steps per epoch on every rank (:mod:`hvdtrain.data.sharding` gives short local
           batches rather than fewer steps).
         * Inference (``training=False``) makes no collective call, so evaluation shards may differ.
         * Losses must be sums over the local batch scaled to the global batch for the step to equal
-          the global-batch step when local batches differ (see :mod:`hvdtrain.train`).
+          the global-batch step when local batches differ (see :mod:`hvdtrain.trainer`).
     """
 
     def __init__(

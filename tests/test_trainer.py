@@ -68,7 +68,7 @@ def test_global_metrics_equal_single_process(tmp_path, np_, num_test):
     """Evaluation split over ranks (uneven shards, partial batches) gives the one-process metrics."""
     run_ranks(np_, ["-m", "tests.workers.evaluate", str(tmp_path), str(num_test)], timeout=240)
     results = [np.load(tmp_path / f"rank{r}.npz") for r in range(np_)]
-    from hvdtrain.data import make_synthetic
+    from hvdtrain.data.datasets import make_synthetic
     from tests.models import mlp
 
     data = make_synthetic(num_train=64, num_test=num_test, image_shape=(8, 8, 1), seed=5)
@@ -114,7 +114,7 @@ def test_per_rank_moving_statistics_are_those_of_every_built_keras_batch_norm():
     import tensorflow as tf
 
     from hvdtrain import SyncBatchNormalization
-    from hvdtrain.train import per_rank_moving_statistics
+    from hvdtrain.model.moving_statistics import per_rank_moving_statistics
 
     inner = tf.keras.Sequential([tf.keras.layers.BatchNormalization(renorm=True, name="renorm")], name="inner")
     unused = tf.keras.layers.BatchNormalization(name="unused")

@@ -1,4 +1,4 @@
-"""hvdtrain.watchdog in one process: the stall check fires, names where the rank was, and a pause
+"""hvdtrain.runtime.watchdog in one process: the stall check fires, names where the rank was, and a pause
 (an elastic reset's wait for Horovod's driver) delays it but never disables it. Multi-rank stalls
 (a frozen, wedged or killed rank named by the others) are in test_faults.py."""
 import subprocess
@@ -10,11 +10,11 @@ from tests.ranks import REPO
 
 
 def _run_watchdog(body: str, timeout_s: float = 1) -> tuple:
-    """Run ``body`` after ``dog = Watchdog(rank=0, timeout_s=timeout_s, poll_s=0.05)``, in a process
+    """Run ``body`` after ``dog = Watchdog(rank=lambda: 0, timeout_s=timeout_s, poll_s=0.05)``, in a process
     of its own (a stall ends the process); returns (exit status, stderr, seconds from the watchdog's
     creation to the end of the process: imports are not counted)."""
-    script = "import time\nfrom hvdtrain.watchdog import Watchdog\n" \
-             f"dog = Watchdog(rank=0, timeout_s={timeout_s}, poll_s=0.05)\n" \
+    script = "import time\nfrom hvdtrain.runtime.watchdog import Watchdog\n" \
+             f"dog = Watchdog(rank=lambda: 0, timeout_s={timeout_s}, poll_s=0.05)\n" \
              "print(time.time(), flush=True)\n" + textwrap.dedent(body)
     proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=120)
     return proc.returncode, proc.stderr, time.time() - float(proc.stdout.split()[0])

@@ -8,7 +8,7 @@ import tensorflow as tf
 from hvdtrain import SyncBatchNormalization
 from hvdtrain.config import ModelConfig
 from hvdtrain.errors import HvdtrainError
-from hvdtrain.models import (SeededDropout, build_model, norm_factory, resnet20, set_dropout_rank, seed_cnn,
+from hvdtrain.model.zoo import (SeededDropout, build_model, norm_factory, resnet20, set_dropout_rank, seed_cnn,
                              unfused_norm)
 
 

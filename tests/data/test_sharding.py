@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from hvdtrain.sharding import ShardPlan, eval_shard
+from hvdtrain.data.sharding import ShardPlan, eval_shard
 
 CASES = [(60000, 2, 128), (1000, 3, 7), (5, 4, 2), (10, 3, 4), (257, 2, 64), (962, 3, 64), (1, 1, 1), (7, 8, 1)]
 

@@ -1,8 +1,8 @@
 """Single-pass CPU kernels for :class:`hvdtrain.SyncBatchNormalization`: build, load, call.
 
-The kernels (``hvdtrain/csrc/sync_bn_kernels.cc``) are compiled against the installed TensorFlow by
-``python -m hvdtrain.sync_bn_kernels`` (run by ``scripts/setup.sh``). Without them, or on a process
-that sees a GPU, or with ``HVDTRAIN_SYNC_BN_KERNELS=0``, the layer uses TensorFlow ops that compute
+The kernels (``hvdtrain/model/csrc/sync_bn_kernels.cc``) are compiled against the installed TensorFlow by
+``python -m hvdtrain.model.sync_bn_kernels`` (run by ``scripts/setup.sh``). Without them, or on a process
+that sees a GPU, or with ``HVDTRAIN_SYNC_BN_KERNELS=0`` (or :func:`set_enabled`, as ``--no-sync-bn-kernels`` does), the layer uses TensorFlow ops that compute
 the same quantities (the moments in two float32 passes instead of one float64 pass).
 
 All tensors are float32 with channels on the last axis, except the float64 shifts and sums.
@@ -39,19 +39,30 @@ def _stamp_matches() -> bool:
         return False
 
 
+_enabled = os.environ.get("HVDTRAIN_SYNC_BN_KERNELS", "1") != "0"
+
+
+def set_enabled(enabled: bool) -> None:
+    """Use the kernels where available (True, the default unless ``HVDTRAIN_SYNC_BN_KERNELS=0``)
+    or TensorFlow ops (False). Call before the layer first runs: compiled steps keep what they traced."""
+    global _enabled
+    _enabled = bool(enabled)
+    _library.cache_clear()
+
+
 @functools.lru_cache(maxsize=None)
 def _library():
-    if os.environ.get("HVDTRAIN_SYNC_BN_KERNELS", "1") == "0" or not os.path.exists(LIBRARY):
+    if not _enabled or not os.path.exists(LIBRARY):
         return None
     if not _stamp_matches():  # built from another source, or for another TensorFlow: its ops may not match
         warnings.warn(f"hvdtrain: {LIBRARY} was not built from this {SOURCE} for TensorFlow {tf.__version__}; "
-                      f"SyncBatchNormalization uses TensorFlow ops. Rebuild with: python -m hvdtrain.sync_bn_kernels")
+                      f"SyncBatchNormalization uses TensorFlow ops. Rebuild with: python -m hvdtrain.model.sync_bn_kernels")
         return None
     try:
         return tf.load_op_library(LIBRARY)
     except (tf.errors.NotFoundError, OSError) as e:  # built against another TensorFlow, say
         warnings.warn(f"hvdtrain: cannot load {LIBRARY} ({e}); SyncBatchNormalization uses TensorFlow ops. "
-                      f"Rebuild with: python -m hvdtrain.sync_bn_kernels")
+                      f"Rebuild with: python -m hvdtrain.model.sync_bn_kernels")
         return None
 
 

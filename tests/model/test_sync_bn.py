@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from hvdtrain import SyncBatchNormalization, sync_bn_kernels
+from hvdtrain import SyncBatchNormalization
+from hvdtrain.model import sync_bn_kernels
 from tests.ranks import REPO, rank_env, run_ranks
 from tests.workers.sync_bn_cases import case_data, cases
 
@@ -64,7 +65,7 @@ def max_rel_error(ours, reference):
 def rank_results(request, tmp_path_factory):
     world_size, use_kernels = request.param
     if use_kernels and not sync_bn_kernels.available():
-        pytest.fail("SyncBatchNormalization CPU kernels are not built (python -m hvdtrain.sync_bn_kernels)")
+        pytest.fail("SyncBatchNormalization CPU kernels are not built (python -m hvdtrain.model.sync_bn_kernels)")
     out = tmp_path_factory.mktemp(f"sync_bn_np{world_size}")
     run_ranks(world_size, ["-m", "tests.workers.sync_bn_cases", str(out)], timeout=240,
               env={"HVDTRAIN_SYNC_BN_KERNELS": "1" if use_kernels else "0"})
@@ -125,7 +126,7 @@ def test_horovod_layer_deviates_on_uneven_batches(rank_results):
 def test_world_size_one_equals_keras_batch_norm(shape, unbiased, activation, use_kernels, monkeypatch):
     """Off the kernels, 4-D inputs take TensorFlow's fused batch norm (as a GPU process does)."""
     if use_kernels and not sync_bn_kernels.available():
-        pytest.fail("SyncBatchNormalization CPU kernels are not built (python -m hvdtrain.sync_bn_kernels)")
+        pytest.fail("SyncBatchNormalization CPU kernels are not built (python -m hvdtrain.model.sync_bn_kernels)")
     monkeypatch.setattr(sync_bn_kernels, "available", lambda: use_kernels)
     rng = np.random.default_rng(0)
     x = tf.constant(rng.normal(2.0, 3.0, shape).astype(np.float32))
@@ -279,7 +280,7 @@ def test_cpu_kernels_equal_tensorflow_ops(shape, activation, monkeypatch):
     """The single-pass kernels and the TensorFlow-ops path give the same outputs and gradients
     (at world size 1, TensorFlow's fused batch norm for 4-D inputs)."""
     if not sync_bn_kernels.available():
-        pytest.fail("SyncBatchNormalization CPU kernels are not built (python -m hvdtrain.sync_bn_kernels)")
+        pytest.fail("SyncBatchNormalization CPU kernels are not built (python -m hvdtrain.model.sync_bn_kernels)")
     rng = np.random.default_rng(7)
     x = tf.constant(rng.normal(3.0, 2.0, shape).astype(np.float32))
     w = tf.constant(rng.normal(size=shape).astype(np.float32))
@@ -338,7 +339,7 @@ def test_each_call_runs_the_implementation_meant_for_it(name, monkeypatch):
     precision included as it is; TensorFlow's element-wise ops for the rest."""
     shape, dtype, kwargs, use_kernels, expected = IMPLEMENTATIONS[name]
     if use_kernels and not sync_bn_kernels.available():
-        pytest.fail("SyncBatchNormalization CPU kernels are not built (python -m hvdtrain.sync_bn_kernels)")
+        pytest.fail("SyncBatchNormalization CPU kernels are not built (python -m hvdtrain.model.sync_bn_kernels)")
     monkeypatch.setattr(sync_bn_kernels, "available", lambda: use_kernels)
     layer = SyncBatchNormalization(**kwargs)
     ops = _training_ops(layer, tf.cast(tf.random.normal(shape), dtype))
@@ -364,7 +365,7 @@ def test_cpu_clones_compute_bit_for_bit_as_baseline_code(tmp_path):
     (signed zeros included), so that a run does not depend on the CPU it ran on (and the
     recomputed ReLU mask matches the forward's)."""
     if not sync_bn_kernels.available():
-        pytest.fail("SyncBatchNormalization CPU kernels are not built (python -m hvdtrain.sync_bn_kernels)")
+        pytest.fail("SyncBatchNormalization CPU kernels are not built (python -m hvdtrain.model.sync_bn_kernels)")
 
     def symbols(library: str) -> str:
         return subprocess.run(["nm", library], capture_output=True, text=True, check=True).stdout
@@ -401,7 +402,7 @@ def test_kernels_built_from_another_source_are_not_loaded(monkeypatch, tmp_path)
     monkeypatch.setattr(sync_bn_kernels, "STAMP", str(stamp))
     sync_bn_kernels._library.cache_clear()
     try:
-        with pytest.warns(UserWarning, match="was not built from this .* Rebuild with: python -m hvdtrain.sync_bn_kernels"):
+        with pytest.warns(UserWarning, match="was not built from this .* Rebuild with: python -m hvdtrain.model.sync_bn_kernels"):
             assert sync_bn_kernels._library() is None
         assert not sync_bn_kernels.available()
     finally:

@@ -15,9 +15,8 @@ from typing import Tuple
 
 import numpy as np
 
+from hvdtrain.config import DEFAULT_DATA_DIR
 from hvdtrain.errors import HvdtrainError, describe_differences
-
-DEFAULT_DATA_DIR = "/usr/share/datasets/fashion-mnist"
 
 # IDX type codes (http://yann.lecun.com/exdb/mnist/, "THE IDX FILE FORMAT") -> big-endian dtypes.
 _IDX_DTYPES = {0x08: ">u1", 0x09: ">i1", 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}

@@ -10,8 +10,9 @@ from typing import Callable, Optional, Tuple
 
 import tensorflow as tf
 
+from hvdtrain.compat import require_keras2
 from hvdtrain.errors import HvdtrainError, say
-from hvdtrain.sync_bn import SyncBatchNormalization
+from hvdtrain.model.sync_bn import SyncBatchNormalization
 
 BUILTIN_MODELS = ("cnn", "resnet20")
 
@@ -209,7 +210,7 @@ def build_model(spec: str, input_shape: Tuple[int, int, int], num_classes: int, 
 
     Raises:
         HvdtrainError: for an unknown name, a module or function that cannot be imported, a
-            function that does not return a Keras model, or a model that fails on a batch of two
+            function that does not return a Keras model or returns a Keras 3 one, or a model that fails on a batch of two
             images or does not return one ``(2, K)`` tensor for it.
     """
     if spec == "cnn":
@@ -225,6 +226,7 @@ def build_model(spec: str, input_shape: Tuple[int, int, int], num_classes: int, 
         raise
     except (Exception, SystemExit) as e:  # noqa: BLE001 -- the user's code (even a sys.exit): report it as theirs
         raise HvdtrainError(f"--model {spec!r}: the function raised {type(e).__name__}: {e}") from e
+    require_keras2(model)  # a Keras 3 model: its gradients would not be averaged
     if not isinstance(model, tf.keras.Model):
         raise HvdtrainError(f"--model {spec!r}: the function returned {type(model).__name__}, not a tf.keras.Model")
     if not model.built:  # a subclassed or Input-less model: create its weights for this input shape
@@ -253,6 +255,6 @@ def build_model(spec: str, input_shape: Tuple[int, int, int], num_classes: int, 
     if random and rank == 0:
         say(f"hvdtrain: warning: --model {spec!r} has Keras random layers ({', '.join(random)}), whose random "
             f"state is not among the model's variables: after --resume or an elastic reset their draws start "
-            f"over, so the run no longer equals an uninterrupted one (hvdtrain.models.SeededDropout keeps "
+            f"over, so the run no longer equals an uninterrupted one (hvdtrain.model.zoo.SeededDropout keeps "
             f"its state in the checkpoint)", sys.stderr)
     return model

@@ -1,0 +1,57 @@
+"""Rank 0's part of a run: its start-up lines and its side effects (the recipe's one rank-0 block)."""
+from __future__ import annotations
+
+from typing import List
+
+from hvdtrain import callbacks as cbs
+from hvdtrain.checkpoint import CheckpointManager
+from hvdtrain.config import Config
+from hvdtrain.data.datasets import Dataset
+from hvdtrain.data.sharding import ShardPlan
+from hvdtrain.runtime.dist import DistContext
+from hvdtrain.state import TrainPosition
+
+
+def chief_callbacks(config: Config, run_dir: str, manager: CheckpointManager, plan: ShardPlan, optimizer,
+                    meta: dict) -> List[cbs.Callback]:
+    """Rank 0's side effects: progress bar, epoch lines, metrics.jsonl, TensorBoard, checkpoints.
+
+    Args:
+        meta: what every checkpoint records besides its position (:func:`hvdtrain.rundir.checkpoint_meta`).
+    """
+    return ([cbs.ProgressBar()] if config.log.progress else []) + [
+        cbs.EpochLine(config.epochs),
+        cbs.JsonlMetrics(run_dir),
+        cbs.TensorBoard(run_dir, plan.steps_per_epoch, restart_markers=not config.elastic.enabled),
+        cbs.Checkpointer(manager, meta, optimizer.iterations, every_steps=config.checkpoint.every_steps),
+    ]
+
+
+def banner(ctx: DistContext, config: Config, dataset: Dataset, plan: ShardPlan, schedule, model,
+           run_dir: str, ckpt_dir: str, start: TrainPosition) -> str:
+    """Rank 0's start-up lines: world size and pinning, data, batch arithmetic, learning rate,
+    model, run directory and where training starts."""
+    last = plan.global_batch_size(plan.steps_per_epoch - 1)
+    leftover = last - plan.global_batch
+    passes = config.optim.backward_passes_per_step
+    start_step = plan.start_step(start.step, start.example)
+    epochs = (f"epochs {start.epoch + 1}..{config.epochs}" if start.epoch < config.epochs
+              else f"no epoch left to train of {config.epochs} (evaluation only)")
+    norm = ("user model" if ":" in config.model.name
+            else ("synchronized" if config.model.sync_bn else "per-rank") + " BatchNorm")
+    return "\n".join([
+        f"hvdtrain: world size {ctx.size} ({ctx.local_size} local rank(s) x {ctx.cross_size} host(s)), "
+        f"device {ctx.device}, {ctx.intra_op_threads} thread(s) per rank",
+        f"data:  {dataset.name}: {len(dataset.y_train):,} train / {len(dataset.y_test):,} test, "
+        f"{'x'.join(map(str, dataset.input_shape))}, {dataset.num_classes} classes",
+        f"batch: local {plan.local_batch} x {ctx.size} rank(s) = global {plan.global_batch}; "
+        f"{plan.steps_per_epoch} steps per epoch (last global batch {last}"
+        + (f": the {leftover} example(s) left over, fewer than the ranks, join it" if leftover > 0 else "") + ")"
+        + (f"; {passes} passes per update: {plan.global_batch * passes} examples per update, "
+           f"{plan.steps_per_epoch // passes} updates per epoch" if passes > 1 else ""),
+        f"lr:    base {schedule.base_lr:g} x {ctx.size} = peak {schedule.peak_lr:g}, linear warmup "
+        f"{config.optim.warmup_epochs:g} epoch(s) ({schedule.warmup_steps} steps), then {config.optim.lr_schedule}",
+        f"model: {config.model.name} ({norm}), {model.count_params():,} parameters",
+        f"run:   {run_dir} (checkpoints {ckpt_dir}), {epochs}"
+        + (f", resuming at step {start_step + 1} of epoch {start.epoch + 1}" if start_step else ""),
+    ])

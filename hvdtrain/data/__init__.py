@@ -1,0 +1,2 @@
+"""Training data: loading datasets (:mod:`~hvdtrain.data.datasets`) and sharding them exactly over
+the ranks (:mod:`~hvdtrain.data.sharding`)."""

@@ -1,0 +1,300 @@
+"""The training recipe, start to end: init, pin, shard, scale LR, wrap optimizer, broadcast, train.
+
+:func:`run` is the one path a training job takes, in Horovod's order; each step says why. Whatever
+ends a run early is turned, once, into a :class:`~hvdtrain.errors.RunEnded` (:func:`_ended`).
+"""
+from __future__ import annotations
+
+import os
+from typing import List, Optional
+
+import tensorflow as tf
+
+from hvdtrain import callbacks as cbs
+from hvdtrain.chief import banner, chief_callbacks
+from hvdtrain.config import Config
+from hvdtrain.data.datasets import data_mismatch, load_dataset
+from hvdtrain.data.sharding import ShardPlan
+from hvdtrain.elastic import ElasticJob
+from hvdtrain.errors import (Ending, EveryRankError, FoundHere, HvdtrainError, PeerFailure, PeerLost, RunEnded,
+                             is_peer_loss, say)
+from hvdtrain.model import sync_bn_kernels
+from hvdtrain.model.zoo import build_model
+from hvdtrain.optim import build_optimizer
+from hvdtrain.rundir import (checkpoint_dir, checkpoint_meta, default_run_dir, open_run_dir,
+                             restore_for_resume)
+from hvdtrain.runtime.dist import DistContext, current_rank, init_distributed
+from hvdtrain.runtime.signals import Terminated, defer_stop_signals, sigterm_received, stop_exception, stop_requested
+from hvdtrain.runtime.watchdog import Watchdog
+from hvdtrain.state import TrainPosition
+from hvdtrain.trainer import Trainer, broadcast_state
+
+
+def run(config: Config) -> dict:
+    """Train as configured on this rank; every rank of the job calls it. Returns the final metrics.
+
+    Raises:
+        RunEnded: when the run fails or is stopped, on every rank, saying how this rank leaves
+            (what it prints, its exit status; :mod:`hvdtrain.cli` acts on it).
+    """
+    # 1. Init and pin: Horovod up, this process on its own GPU or its own CPU cores. From the
+    #    moment every rank is up (hvd.init), a rank left waiting for a stalled or unreachable
+    #    peer -- in a start-up collective or in training -- aborts after --stall-timeout instead
+    #    of hanging (the watchdog, armed by init_distributed).
+    watchdog = Watchdog(current_rank, config.runtime.stall_timeout)
+    ctx: Optional[DistContext] = None
+    callbacks: List[cbs.Callback] = []
+    job: Optional[ElasticJob] = None
+    run_dir = None
+    ending = None
+    try:
+        sync_bn_kernels.set_enabled(config.runtime.sync_bn_kernels)
+        ctx = init_distributed(threads=config.runtime.threads, use_gpu=not config.runtime.cpu,
+                               stall_timeout=config.runtime.stall_timeout, elastic=config.elastic.enabled,
+                               watchdog=watchdog, horovod_nice=config.runtime.horovod_nice,
+                               horovod_cycle_time_ms=config.runtime.horovod_cycle_time_ms)
+        watchdog.arm("start-up")
+        # Heartbeats to and from rank 0, so that a stall names the rank that stalled. (Not in an
+        # elastic job: its ranks change, and Horovod's driver reports the workers it loses.)
+        if not config.elastic.enabled:
+            watchdog.connect(ctx)
+        watchdog.beat("loading data")
+        # Same seed everywhere; initial weights are broadcast from rank 0 anyway (step 6).
+        tf.keras.utils.set_random_seed(config.seed)
+
+        # 2. Data: every rank loads the (small, in-memory) dataset; the plan gives each rank a
+        #    disjoint shard per epoch and the same number of steps.
+        dataset = ctx.guarded("loading data", lambda: load_dataset(config.data.dataset, config.data.data_dir, config.seed))
+        # The shard plan assumes every rank holds the same examples (same steps per rank,
+        # disjoint shards): a host with another copy of the data would hang or overlap.
+        fingerprint = dataset.fingerprint()
+        if not config.elastic.enabled:  # an elastic job checks after each state sync instead
+            agree_on_data(ctx, fingerprint)
+        plan = ShardPlan(len(dataset.y_train), config.batch_size, ctx.size, ctx.rank, seed=config.seed)
+        passes = config.optim.backward_passes_per_step
+        if config.epochs > 0:
+            check_accumulation_fits_epochs(plan, passes)
+        if len(dataset.y_train) < plan.global_batch:
+            raise EveryRankError(f"{dataset.name}: {len(dataset.y_train)} training examples are fewer than one global "
+                                 f"batch ({ctx.size} ranks x --batch-size {config.batch_size}); use a smaller --batch-size")
+
+        # 3. Model, on this rank's device.
+        watchdog.beat("building the model")
+        with tf.device(ctx.device):
+            model = ctx.guarded("building the model", lambda: build_model(
+                config.model.name, dataset.input_shape, dataset.num_classes, sync_bn=config.model.sync_bn,
+                seed=config.seed, rank=ctx.rank))
+
+            # 4. Optimizer: learning rate scaled by world size with warmup; Horovod's wrapper
+            #    averages gradients by allreduce. Its slots are built now so they can be broadcast.
+            optimizer, schedule = build_optimizer(config.optim, ctx.size, plan.steps_per_epoch, config.epochs)
+            optimizer.build(model.trainable_variables)
+
+        if config.elastic.enabled:
+            # Steps 5-8, re-run whenever workers leave or join (hvdtrain.elastic); the job knows
+            # its run directory (rank 0's, from the first sync).
+            job = ElasticJob(config, ctx, dataset, fingerprint, model, optimizer, watchdog)
+            return job.run()
+
+        # 5. Run directory and checkpoints (rank 0 only writes), restored state on resume.
+        run_dir = ctx.broadcast_object(config.log.dir or default_run_dir(), name="hvdtrain.run_dir")
+        ckpt_dir = checkpoint_dir(config, run_dir)
+        meta = checkpoint_meta(config, ctx.size, plan.steps_per_epoch, fingerprint)
+        watchdog.beat("opening the run directory")
+        manager, start = ctx.guarded(
+            "opening the run directory",
+            lambda: open_checkpoints(config, run_dir, ckpt_dir, model, optimizer, meta) if ctx.is_chief
+            else (None, None))
+        start = ctx.broadcast_object(start, name="hvdtrain.start")
+        if start.step % passes:
+            # Horovod's count of accumulated passes starts at 0 in this process: the resumed step
+            # must begin an update (a checkpoint of a run with another --backward-passes-per-step).
+            raise EveryRankError(f"--resume: the checkpoint is at step {start.step} of epoch {start.epoch + 1}, "
+                                 f"inside an update of --backward-passes-per-step {passes}; resume with the "
+                                 f"--backward-passes-per-step of the run that wrote it")
+
+        # 6. Broadcast: every rank starts from rank 0's weights and optimizer state (fresh or restored).
+        watchdog.beat("broadcasting the initial state")
+        broadcast_state(ctx, model, optimizer)
+
+        # 7. Rank-0 side effects: banner, progress, logs, checkpoints -- the one chief-only block.
+        if ctx.is_chief:
+            say(banner(ctx, config, dataset, plan, schedule, model, run_dir, ckpt_dir, start))
+            callbacks = chief_callbacks(config, run_dir, manager, plan, optimizer, meta)
+
+        # 8. Train: the same steps on every rank.
+        watchdog.beat("the first training step")
+        trainer = Trainer(ctx, model, optimizer, dataset, plan, log_every=config.log.log_every,
+                          eval_batch_size=config.data.eval_batch_size, callbacks=callbacks, watchdog=watchdog,
+                          backward_passes_per_step=passes)
+        metrics = trainer.fit(start, config.epochs, save_every=(config.checkpoint.every_steps,))
+        if ctx.is_chief and "train_loss" not in metrics:
+            say(f"test loss {metrics['test_loss']:.4f} acc {metrics['test_accuracy']:.4f}")
+        return metrics
+    except BaseException as e:  # noqa: BLE001 -- every way a run can end is classified, once
+        # From here on, while this rank reports how it ends, SIGTERM is only recorded.
+        defer_stop_signals()
+        if job is not None:
+            run_dir = job.run_dir
+        resumable = run_dir if run_dir and os.path.isdir(checkpoint_dir(config, run_dir)) else None
+        ending = _ended(e, ctx, watchdog, resumable)
+        raise ending from e
+    finally:
+        # The run has ended, either way: while it closes its logs, SIGTERM is only recorded (a
+        # scheduler's SIGTERM after the last checkpoint must not turn a finished run into a stopped one).
+        defer_stop_signals()
+        watchdog.close()
+        cbs.close_all(callbacks)
+        # Horovod's shutdown waits for every rank: not where this rank leaves at once.
+        if ctx is not None and (ending is None or ending.ending not in (Ending.ALONE, Ending.INTERRUPTED,
+                                                                        Ending.TERMINATED)):
+            ctx.close()
+
+
+def open_checkpoints(config: Config, run_dir: str, ckpt_dir: str, model, optimizer, meta: dict):
+    """Rank 0: the checkpoint manager and the :class:`TrainPosition` to start from, restoring the
+    latest checkpoint if ``--resume`` (the start, if the checkpoint directory holds none yet).
+
+    The checkpoint's layout (world size, local batch, steps per epoch, seed, the data's
+    fingerprint: ``meta``'s) must be this run's: a resumed run continues the same sequence of
+    global batches, so these cannot change.
+    """
+    resume = config.checkpoint.resume
+    manager = open_run_dir(config, run_dir, ckpt_dir, model, optimizer, fresh=not resume, must_exist=resume)
+    if not resume:
+        return manager, TrainPosition()
+    layout = {k: meta[k] for k in ("world_size", "batch_size", "steps_per_epoch", "seed", "data")}
+    return manager, restore_for_resume(config, manager, run_dir, layout, meta["data"]["train_examples"])
+
+
+def agree_on_data(ctx: DistContext, fingerprint: dict) -> None:
+    """Check that every rank loaded the same data as rank 0 (a collective).
+
+    Args:
+        ctx: this process's context.
+        fingerprint: this rank's :meth:`hvdtrain.data.datasets.Dataset.fingerprint`.
+
+    Raises:
+        FoundHere: on the lowest rank whose data differ from rank 0's, holding an HvdtrainError
+            naming what differs (the other ranks raise :class:`PeerFailure`).
+    """
+    chief = ctx.broadcast_object(fingerprint, name="hvdtrain.data_fingerprint")
+    ctx.agree(data_mismatch(ctx.rank, fingerprint, chief) if fingerprint != chief else None, "checking the data")
+
+
+def check_accumulation_fits_epochs(plan: ShardPlan, passes: int) -> None:
+    """Refuse ``--backward-passes-per-step`` K unless the steps per epoch are a multiple of K.
+
+    Horovod applies an update every K passes and keeps the passes since the last one in memory:
+    an update spanning two epochs would cross the epoch's checkpoint and lose them.
+
+    Raises:
+        EveryRankError: suggesting the nearest local batch sizes that fit.
+    """
+    if plan.steps_per_epoch % passes == 0:
+        return
+    n, batch = plan.num_examples, plan.local_batch
+    fitting = [b for b in range(1, 2 * batch)
+               if ShardPlan(n, b, plan.world_size, plan.rank).steps_per_epoch % passes == 0]
+    nearest = sorted(sorted(fitting, key=lambda b: abs(b - batch))[:2])
+    hint = f"; --batch-size {' or '.join(map(str, nearest))} would do" if nearest else ""
+    raise EveryRankError(f"--backward-passes-per-step {passes} needs the steps per epoch to be a multiple of "
+                         f"{passes} so that no update spans two epochs; here they are {plan.steps_per_epoch} "
+                         f"({n} examples / global batch {plan.global_batch}){hint}")
+
+
+# ---- how a run ends ---------------------------------------------------------------------------------
+def _ended(error: BaseException, ctx: Optional[DistContext], watchdog: Watchdog,
+           run_dir: Optional[str]) -> RunEnded:
+    """How this rank leaves the run ``error`` ended (``ctx`` is None if it ended in ``hvd.init``).
+
+    Args:
+        run_dir: the run directory to ``--resume`` from (its checkpoint directory exists), or None.
+    """
+    if isinstance(error, RunEnded):
+        return error
+    if isinstance(error, PeerFailure):  # another rank found it and prints it
+        return RunEnded(Ending.QUIET, error)
+    if isinstance(error, KeyboardInterrupt) or stop_requested():
+        # Ctrl-C or SIGTERM (hvdtrain.runtime.signals), also where the interrupt cut into
+        # TensorFlow and came out as another error.
+        stopped = _stopped(ctx, watchdog, error if isinstance(error, KeyboardInterrupt) else stop_exception())
+        if isinstance(stopped, PeerLost):
+            return _lost(stopped)
+        return _interrupted(stopped, run_dir)
+    if isinstance(error, FoundHere):  # this rank's own error, which every rank agreed on
+        return _reported(error.error)
+    if isinstance(error, EveryRankError):  # alike on every rank: the rank 0 of now prints it
+        return RunEnded(Ending.REPORT if current_rank() == 0 else Ending.QUIET, error, f"hvdtrain: error: {error}")
+    if isinstance(error, PeerLost):
+        return _lost(error)
+    if is_peer_loss(error):
+        if ctx is None:  # lost before the watchdog could be asked (start-up)
+            return _lost(PeerLost("another rank failed or was lost, so Horovod shut down. The launcher names the "
+                                  "rank that failed first.", report=current_rank() == 0))
+        lost = _peer_lost(ctx, watchdog)
+        return _interrupted(lost, run_dir) if isinstance(lost, Terminated) else _lost(lost)
+    # An error of this rank alone: it prints it, and the peers learn from its heartbeat not to.
+    # It must not wait for Horovod's shutdown, which needs every rank while the others are
+    # mid-collective: it exits at once, which ends their collectives.
+    watchdog.report_failure(f"{type(error).__name__}: {error}")
+    if isinstance(error, HvdtrainError):
+        return RunEnded(Ending.ALONE, error, f"hvdtrain: error: {error}")
+    return RunEnded(Ending.ALONE, error, traceback=True)
+
+
+def _reported(error: BaseException) -> RunEnded:
+    """This rank prints ``error`` (one of the user's as a message, any other as its traceback)."""
+    if isinstance(error, HvdtrainError):
+        return RunEnded(Ending.REPORT, error, f"hvdtrain: error: {error}")
+    return RunEnded(Ending.REPORT, error, traceback=True)
+
+
+def _lost(error: PeerLost) -> RunEnded:
+    return RunEnded(Ending.REPORT if error.report else Ending.QUIET, error, f"hvdtrain: error: {error}")
+
+
+def _interrupted(interrupt: KeyboardInterrupt, run_dir: Optional[str]) -> RunEnded:
+    """Ctrl-C or SIGTERM: the rank 0 of now (an elastic job's may not be the launcher's) says where
+    the run can be resumed from."""
+    terminated = isinstance(interrupt, Terminated) or sigterm_received()
+    message = None
+    if current_rank() == 0:
+        how = "stopped by SIGTERM (a launcher's Ctrl-C, or the scheduler)" if terminated else "interrupted"
+        resume = (f"rerun the same command with --resume --log-dir {run_dir} to continue from the last one"
+                  if run_dir else "nothing was written yet")
+        message = f"hvdtrain: {how}; the checkpoints written so far are complete: {resume}"
+    return RunEnded(Ending.TERMINATED if terminated else Ending.INTERRUPTED, interrupt, message, run_dir=run_dir)
+
+
+def _peer_lost(ctx: DistContext, watchdog: Watchdog) -> BaseException:
+    """The error for a collective that failed because a peer went away, naming it when known:
+    :class:`PeerLost`, or :class:`Terminated` if the peer was stopped on purpose (a launcher
+    passing Ctrl-C on, a scheduler's SIGTERM: this rank's own comes next)."""
+    failed, lost, stopped = watchdog.lost_peers()
+    if failed:  # that rank printed its own error
+        return PeerLost(f"rank(s) {sorted(failed)} failed: {'; '.join(failed.values())}", report=False)
+    if stopped and not lost:
+        return Terminated()
+    who = f"rank {', '.join(map(str, lost))} was lost" if lost else "another rank failed or was lost"
+    report = ctx.is_chief or (0 in lost and ctx.rank == 1)
+    return PeerLost(f"{who} mid-training (its process ended or became unreachable), so Horovod shut down on "
+                    f"every rank. Resume from the last checkpoint with --resume.", report=report)
+
+
+def _stopped(ctx: Optional[DistContext], watchdog: Watchdog, interrupt: KeyboardInterrupt) -> BaseException:
+    """Ctrl-C or SIGTERM on this rank: the peers learn that it stops on purpose.
+
+    A launcher also sends SIGTERM to the other ranks when one rank dies or fails, so that rank is
+    named (:func:`_peer_lost`) instead of the stop: at once when it failed with its own error or
+    its process on this host has ended, after :meth:`Watchdog.lost_peers`' wait of heartbeat
+    silence for another host.
+
+    Returns:
+        ``interrupt``, or the :class:`PeerLost` naming the failed or lost rank.
+    """
+    if ctx is None or ctx.size == 1:
+        return interrupt
+    watchdog.report_stopped()
+    failed, lost, _ = watchdog.lost_peers()
+    return _peer_lost(ctx, watchdog) if failed or lost else interrupt

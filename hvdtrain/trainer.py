@@ -1,0 +1,346 @@
+"""The training loop of one rank: compiled steps, exact global metrics, and hooks for saving.
+
+:class:`Trainer` knows nothing of run directories or elastic jobs: what happens at a save point
+(a checkpoint, an elastic commit) is a callback's (:mod:`hvdtrain.callbacks`).
+"""
+from __future__ import annotations
+
+import time
+from typing import List, Optional, Sequence
+
+import numpy as np
+import tensorflow as tf
+
+from hvdtrain import callbacks as cbs
+from hvdtrain.compat import require_keras2
+from hvdtrain.data.datasets import Dataset
+from hvdtrain.data.sharding import ShardPlan, eval_shard
+from hvdtrain.errors import EveryRankError
+from hvdtrain.metrics import loss_and_sums, mean_metrics
+from hvdtrain.model.moving_statistics import per_rank_moving_statistics
+from hvdtrain.runtime.dist import DistContext, in_collective
+from hvdtrain.runtime.watchdog import Watchdog
+from hvdtrain.state import TrainPosition
+
+
+def to_model_input(images: tf.Tensor) -> tf.Tensor:
+    """uint8 pixels ``(b, H, W, C)`` -> float32 in [0, 1]; float data passes through as float32."""
+    if images.dtype == tf.uint8:
+        return tf.cast(images, tf.float32) * (1.0 / 255.0)
+    return tf.cast(images, tf.float32)
+
+
+def broadcast_state(ctx: DistContext, model: tf.keras.Model, optimizer) -> None:
+    """Overwrite every rank's model and optimizer variables with rank 0's (a collective).
+
+    Needed once the variables exist -- random initialisation differs per rank -- and after rank 0
+    restores a checkpoint. The optimizer's slots must already be built (``optimizer.build``).
+    """
+    ctx.broadcast_variables(model.variables + list(optimizer.variables), name="the broadcast of the initial state")
+
+
+def diverged(what: str) -> EveryRankError:
+    """The error that stops every rank at the same point, where ``what`` was found NaN or infinite
+    (from allreduced values, so every rank finds it alike)."""
+    return EveryRankError(
+        f"training diverged: {what}; every rank stopped there. No diverged state was checkpointed: --resume "
+        f"from the last checkpoint with a smaller --lr or longer --warmup-epochs")
+
+
+class Trainer:
+    """Runs epochs of data-parallel training on one rank.
+
+    The training set lives on this rank's device once; each step sends only the int32 indices of
+    the local batch (from the :class:`ShardPlan`), and the compiled step gathers the examples.
+
+    Args:
+        ctx: this process's distributed context.
+        model: the Keras model (variables already broadcast from rank 0).
+        optimizer: ``hvd.DistributedOptimizer``-wrapped optimizer, variables built and broadcast.
+        dataset: the whole dataset (every rank holds it; each reads only its shard per step).
+        plan: this rank's shard plan.
+        log_every: steps between global running metrics.
+        eval_batch_size: evaluation batch per rank.
+        callbacks: side effects; chief-only ones only on the chief.
+        watchdog: told of every finished step; aborts the rank if progress stops.
+        agree_on_writes: every rank agrees on the outcome of rank 0's checkpoint and log writes
+            before the other callbacks finish (elastic jobs; see :meth:`_write_hook`).
+        backward_passes_per_step: the optimizer's gradient accumulation K (steps per update); the
+            plan's steps per epoch must be a multiple of it.
+
+    Raises:
+        HvdtrainError: for a Keras 3 model or optimizer (:func:`hvdtrain.compat.require_keras2`).
+        ValueError: if a chief-only callback is given to another rank.
+    """
+
+    def __init__(self, ctx: DistContext, model: tf.keras.Model, optimizer, dataset: Dataset, plan: ShardPlan,
+                 log_every: int = 50, eval_batch_size: int = 1000, callbacks: Optional[List[cbs.Callback]] = None,
+                 watchdog: Optional[Watchdog] = None, agree_on_writes: bool = False,
+                 backward_passes_per_step: int = 1):
+        require_keras2(model, optimizer)  # Keras 3's gradients would not be averaged
+        self.ctx, self.model, self.optimizer, self.plan = ctx, model, optimizer, plan
+        self.backward_passes_per_step = backward_passes_per_step
+        self.agree_on_writes = agree_on_writes
+        self.watchdog = watchdog or Watchdog(lambda: ctx.rank, timeout_s=0)
+        self.log_every, self.eval_batch_size = log_every, eval_batch_size
+        self.callbacks = list(callbacks or [])
+        if not ctx.is_chief and any(cb.chief_only for cb in self.callbacks):
+            raise ValueError("chief-only callbacks given to a non-chief rank")
+        test = eval_shard(len(dataset.y_test), ctx.size, ctx.rank)
+        with tf.device(ctx.device):
+            self.x_train = tf.constant(dataset.x_train)
+            self.y_train = tf.constant(dataset.y_train)
+            self.x_test = tf.constant(dataset.x_test[test])
+            self.y_test = tf.constant(dataset.y_test[test])
+            # Local sums since the epoch began: [loss, correct predictions, examples], float64 so
+            # that sums over an epoch stay exact.
+            self._sums = tf.Variable(tf.zeros(3, tf.float64), trainable=False, name="epoch_sums")
+        self.train_step = self._make_train_step()
+        self.eval_step = self._make_eval_step()
+        self.count_non_finite = self._make_count_non_finite()
+        self._moving_statistics = per_rank_moving_statistics(model)
+        # Non-finite values the model starts with (a -inf mask, say) are its own, not a divergence.
+        self._non_finite_at_start = int(self.count_non_finite())
+
+    # ---- compiled steps --------------------------------------------------------------------------
+    def _make_train_step(self):
+        model, optimizer, world_size = self.model, self.optimizer, float(self.ctx.size)
+
+        @tf.function(input_signature=[tf.TensorSpec([None], tf.int32), tf.TensorSpec([], tf.float32)])
+        def train_step(indices, global_count):
+            images = to_model_input(tf.gather(self.x_train, indices))
+            labels = tf.gather(self.y_train, indices)
+            with tf.GradientTape() as tape:
+                logits = model(images, training=True)
+                per_example, sums = loss_and_sums(logits, labels)
+                # Sum over the local batch scaled by world_size / global_count: Horovod averages the
+                # ranks' gradients, so the result is the gradient of the mean loss over the global
+                # batch, exact even when local batches differ in size (the last step of an epoch).
+                loss = tf.reduce_sum(per_example) * (world_size / global_count)
+                if model.losses:
+                    loss += tf.add_n(model.losses)
+            # Allreduce (average) of the gradients happens in the wrapped compute_gradients.
+            optimizer.apply_gradients(optimizer.compute_gradients(loss, model.trainable_variables, tape=tape))
+            self._sums.assign_add(sums)
+
+        return train_step
+
+    def _make_eval_step(self):
+        model = self.model
+
+        @tf.function(input_signature=[tf.TensorSpec([], tf.int32), tf.TensorSpec([], tf.int32)])
+        def eval_step(start, end):
+            images = to_model_input(self.x_test[start:end])
+            labels = self.y_test[start:end]
+            return loss_and_sums(model(images, training=False), labels)[1]
+
+        return eval_step
+
+    def _make_count_non_finite(self):
+        """A compiled function: the number (int64 scalar) of NaN and infinite values in the model's
+        floating-point variables (weights and moving statistics)."""
+        variables = [v for v in self.model.variables if v.dtype.is_floating]
+
+        @tf.function(input_signature=[])
+        def count_non_finite():
+            counts = [tf.reduce_sum(tf.cast(tf.logical_not(tf.math.is_finite(v)), tf.int64)) for v in variables]
+            return tf.add_n(counts) if counts else tf.constant(0, tf.int64)
+
+        return count_non_finite
+
+    def _update_mean_count(self, step: int) -> float:
+        """With gradient accumulation: the mean global batch over the passes of ``step``'s update.
+
+        Horovod applies the average of K passes' gradients, each a mean over its own global batch,
+        which would weight a short last batch like a full one. Scaling every pass's loss by this
+        mean count instead makes the update the mean over all the update's examples, as one step
+        on their union would be. (The epoch's steps are a multiple of K: see :meth:`fit`.)
+        """
+        k = self.backward_passes_per_step
+        first = step - step % k
+        return sum(self.plan.global_batch_size(s) for s in range(first, first + k)) / k
+
+    # ---- exact global metrics and divergence checks --------------------------------------------------
+    def _global_mean(self, local_sums, name: str) -> dict:
+        """Allreduce ``[loss_sum, correct, count]`` and divide: exact over all ranks' examples."""
+        return mean_metrics(self.ctx.allreduce_sum(np.asarray(local_sums), name=name))
+
+    @staticmethod
+    def _checked(metrics: dict, epoch: int, step: int) -> dict:
+        """Stop every rank at the same step when the global training loss is NaN or infinite.
+
+        The metrics are allreduced, so every rank sees the same value at the same step and raises
+        together. Each step's loss is computed before its update: :meth:`_check_saveable` checks the
+        update before a save.
+
+        Raises:
+            EveryRankError: when the loss is not finite.
+        """
+        if not np.isfinite(metrics["loss"]):
+            raise diverged(f"the global training loss is {metrics['loss']} at epoch {epoch + 1}, step {step + 1}")
+        return metrics
+
+    def _sums_and_state(self, name: str):
+        """Before a save point or an evaluation: one allreduce of the epoch's ``[loss, correct,
+        count]`` sums so far, of each rank's count of NaN and infinite values in the model's
+        floating-point variables beyond those it started with, and of per-rank BatchNorm's moving
+        statistics, which every rank then replaces by their mean over the ranks.
+
+        The loss checks cannot see the last update before a save (its loss was computed before
+        it), so the variables are counted too, on every rank (they may differ between ranks), and
+        the counts are summed, so that every rank finds a NaN alike. Averaging the per-rank
+        statistics (:func:`per_rank_moving_statistics`, as timm's ``distribute_bn`` does) makes the
+        model every rank evaluates the one rank 0 saves, and a resumed run the same as one never
+        stopped. The moving variances are averaged, not pooled with the spread of the ranks'
+        moving means: each rank's estimates the variance within a local batch, which is what
+        training normalized with, and with globally shuffled data the means differ by sampling
+        noise only.
+
+        Returns:
+            ``(sums, non_finite)``: the global sums (float64 array of 3) and the global count (int).
+        """
+        new = max(0, int(self.count_non_finite()) - self._non_finite_at_start)
+        statistics = [v.numpy().ravel() for v in self._moving_statistics]
+        total = self.ctx.allreduce_sum(np.concatenate([self._sums.numpy(), [float(new)], *statistics]), name=name)
+        offset = 4
+        for variable, local in zip(self._moving_statistics, statistics):
+            mean = total[offset:offset + local.size] / self.ctx.size
+            variable.assign(mean.reshape(variable.shape).astype(variable.dtype.as_numpy_dtype))
+            offset += local.size
+        return total[:3], int(total[3])
+
+    def _check_saveable(self, sums, non_finite: int, epoch: int, step: int) -> dict:
+        """Stop every rank alike, before a save after ``step`` (0-based) of ``epoch``, if the global
+        training loss in ``sums`` or any variable (``non_finite``, from :meth:`_sums_and_state`)
+        is NaN or infinite.
+
+        Returns:
+            The training metrics of ``sums`` (:func:`mean_metrics`), when both are finite.
+
+        Raises:
+            EveryRankError: when either is not.
+        """
+        metrics = self._checked(mean_metrics(sums), epoch, step)
+        if non_finite:
+            raise diverged(f"{non_finite:,} value(s) of the model's variables are NaN or infinite at the "
+                           f"check after epoch {epoch + 1}, step {step + 1}")
+        return metrics
+
+    def evaluate(self) -> dict:
+        """Loss and accuracy over the whole test set, each example counted once (a collective)."""
+        sums = np.zeros(3)
+        n = int(self.y_test.shape[0])
+        for start in range(0, n, self.eval_batch_size):
+            sums += self.eval_step(start, min(start + self.eval_batch_size, n)).numpy()
+            self.watchdog.beat(f"evaluation batch at example {start}")
+        return self._global_mean(sums, "hvdtrain.eval")
+
+    def _write_hook(self, hook: str, *args) -> None:
+        """Call ``hook`` (``on_train_begin``, ``on_save_point``, ``on_epoch_end`` or
+        ``on_evaluation_only``: the hooks where rank 0 writes files) on every callback.
+
+        With ``agree_on_writes`` (elastic jobs): rank 0's callbacks and the others' local halves
+        (the commit's save) first, then every rank agrees on the outcome of rank 0's writes (one
+        small allreduce), then :meth:`Callback.after_agreement`. An error in rank 0's writes (a
+        full disk, say) then stops every rank together, instead of each new rank 0 meeting it in
+        turn after a reset.
+        """
+        if not self.agree_on_writes:
+            for cb in self.callbacks:
+                getattr(cb, hook)(*args)
+            return
+        error = None
+        try:
+            for cb in self.callbacks:
+                if cb.chief_only:
+                    getattr(cb, hook)(*args)
+        except Exception as e:  # noqa: BLE001 -- re-raised by agree() on this rank
+            error = e
+        others = [cb for cb in self.callbacks if not cb.chief_only]
+        if error is None:
+            for cb in others:
+                getattr(cb, hook)(*args)
+        self.ctx.agree(error, "writing logs and checkpoints")
+        for cb in others:
+            cb.after_agreement()
+
+    # ---- the loop -------------------------------------------------------------------------------
+    def fit(self, start: TrainPosition, epochs: int, save_every: Sequence[int] = ()) -> dict:
+        """Train from ``start`` to the end of epoch ``epochs - 1``.
+
+        Every rank runs the same steps and collectives in the same order.
+
+        Args:
+            start: where to begin: its ``step`` of this plan or its ``example`` of the epoch's
+                permutation, whichever is later (an elastic job continues at another world size;
+                see :meth:`ShardPlan.start_step`), with the global sums of the epoch so far.
+            epochs: the epoch to stop before (0-based; the run's total).
+            save_every: within epochs, a save point every this many steps, for each number given
+                (0s are ignored): checkpoints, elastic commits. Each costs one small allreduce on
+                every rank (the metric sums, the count of non-finite variables and per-rank
+                BatchNorm's moving statistics: 2·C numbers per layer) and a pass over the
+                variables, then calls :meth:`Callback.on_save_point`.
+
+        Returns:
+            The last epoch's metrics (or, with nothing left to train, the test metrics).
+
+        Raises:
+            ValueError: with epochs to train, if the steps per epoch are not a multiple of
+                ``backward_passes_per_step`` (:mod:`hvdtrain.recipe` checks it first, with a clear message).
+            EveryRankError: if training diverges (on every rank at the same step).
+        """
+        metrics, steps = {}, self.plan.steps_per_epoch
+        if start.epoch < epochs and steps % self.backward_passes_per_step:
+            raise ValueError(f"{steps} steps per epoch are not a multiple of backward_passes_per_step "
+                             f"{self.backward_passes_per_step}")
+        save_every = [every for every in save_every if every]
+        self._write_hook("on_train_begin", start.epoch, epochs)  # rank 0 may rewrite metrics.jsonl
+        for epoch in range(start.epoch, epochs):
+            here = start if epoch == start.epoch else TrainPosition(epoch)
+            first = self.plan.start_step(here.step, here.example)
+            for cb in self.callbacks:
+                cb.on_epoch_begin(epoch, steps, first)
+            # The sums of the steps before `first` are global: they enter once, on rank 0.
+            carried = np.asarray(here.epoch_sums if here.mid_epoch and here.epoch_sums else np.zeros(3), np.float64)
+            self._sums.assign(carried if self.ctx.is_chief else np.zeros(3))
+            began = time.perf_counter()
+            for step, indices, global_count in self.plan.epoch(epoch, first, here.example):
+                if self.backward_passes_per_step > 1:
+                    global_count = self._update_mean_count(step)
+                with in_collective(f"the allreduces of epoch {epoch + 1}, step {step + 1}"):
+                    self.train_step(indices, np.float32(global_count))
+                self.watchdog.beat(f"epoch {epoch + 1}, step {step + 1}")
+                running = None
+                if (step + 1) % self.log_every == 0:
+                    running = self._checked(self._global_mean(self._sums.numpy(), "hvdtrain.running"), epoch, step)
+                if any((step + 1) % every == 0 for every in save_every) and step + 1 < steps:
+                    sums, non_finite = self._sums_and_state("hvdtrain.checkpoint_sums")
+                    self._check_saveable(sums, non_finite, epoch, step)  # never save a diverged state
+                    position = TrainPosition(epoch, step + 1, self.plan.examples_before(step + 1), sums)
+                    self._write_hook("on_save_point", position)
+                for cb in self.callbacks:
+                    cb.on_step_end(epoch, step, running)
+            sums, non_finite = self._sums_and_state("hvdtrain.train")
+            elapsed = time.perf_counter() - began  # up to the epoch's last update and its metrics' allreduce
+            # Checked before the evaluation, which NaN weights would spoil.
+            train = self._check_saveable(sums, non_finite, epoch, steps - 1)
+            test = self.evaluate()
+            if not np.isfinite(test["loss"]):  # finite variables, but outputs that overflow
+                raise diverged(f"the global test loss is {test['loss']} after epoch {epoch + 1}")
+            metrics = {
+                "train_loss": train["loss"], "train_accuracy": train["accuracy"],
+                "test_loss": test["loss"], "test_accuracy": test["accuracy"],
+                "train_examples": train["count"],
+                "images_per_sec": (train["count"] - carried[2]) / elapsed,
+                "epoch_time_s": elapsed,
+                "lr": float(self.optimizer.learning_rate(self.optimizer.iterations))
+                if callable(self.optimizer.learning_rate) else float(self.optimizer.learning_rate),
+                "world_size": self.ctx.size,
+            }
+            self._write_hook("on_epoch_end", epoch, metrics)
+            self.watchdog.beat(f"the end of epoch {epoch + 1}")
+        if not metrics:  # nothing left to train (epochs reached): report the test metrics
+            test = self.evaluate()
+            metrics = {"test_loss": test["loss"], "test_accuracy": test["accuracy"], "world_size": self.ctx.size}
+            self._write_hook("on_evaluation_only", start, metrics)
+        return metrics

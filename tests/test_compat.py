@@ -1,0 +1,41 @@
+"""Keras 2 only: hvdtrain selects tf_keras before TensorFlow loads, and refuses Keras 3 clearly."""
+import importlib.metadata
+import subprocess
+import sys
+
+import pytest
+
+from tests.ranks import REPO
+
+KERAS_3 = int(importlib.metadata.version("keras").split(".")[0]) >= 3
+
+
+def _python(code: str, **env) -> subprocess.CompletedProcess:
+    import os
+
+    return subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", **env})
+
+
+def test_importing_hvdtrain_makes_tf_keras_keras_2():
+    proc = _python("import hvdtrain, tensorflow as tf; from hvdtrain.compat import require_keras2; require_keras2(); "
+                   "print(type(tf.keras.layers.Dense(1)).__module__)")
+    assert proc.returncode == 0, proc.stderr[-2000:]  # require_keras2 found tf.keras to be Keras 2
+    if KERAS_3:  # TensorFlow >= 2.16: Keras 2 is the tf_keras package (TensorFlow 2.15's own is keras 2.15)
+        assert proc.stdout.startswith("tf_keras."), proc.stdout
+
+
+@pytest.mark.skipif(not KERAS_3, reason="TensorFlow <= 2.15: tf.keras is Keras 2 whatever TF_USE_LEGACY_KERAS says")
+def test_a_tf_keras_that_is_keras_3_is_refused_naming_the_fix():
+    proc = _python("import hvdtrain; from hvdtrain.compat import require_keras2; require_keras2()",
+                   TF_USE_LEGACY_KERAS="0")
+    assert proc.returncode != 0
+    assert "tf.keras is Keras 3 here" in proc.stderr and "TF_USE_LEGACY_KERAS=1" in proc.stderr, proc.stderr[-2000:]
+
+
+@pytest.mark.skipif(not KERAS_3, reason="needs Keras 3 (TensorFlow >= 2.16)")
+def test_a_keras_3_optimizer_is_refused():
+    proc = _python("import hvdtrain, keras; from hvdtrain.compat import require_keras2; "
+                   "require_keras2(optimizer=keras.optimizers.SGD())")
+    assert proc.returncode != 0 and "the optimizer (keras.src.optimizers.sgd.SGD) is a Keras 3 object" in proc.stderr, \
+        proc.stderr[-2000:]
