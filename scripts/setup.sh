@@ -2,65 +2,111 @@
 # Sets up everything hvdtrain needs on a fresh Debian machine, as root, and is idempotent:
 # a second run finds what exists and takes seconds.
 #   1. Debian packages: OpenMPI (Horovod's MPI controller and `mpirun`), the Fashion-MNIST data.
-#   2. A virtual environment (.venv, or $HVDTRAIN_VENV) with pinned TensorFlow, numpy, mpi4py.
-#   3. Horovod built from source against exactly that TensorFlow, with Gloo and MPI.
+#   2. A virtual environment (.venv, or $HVDTRAIN_VENV) with the stack's pinned TensorFlow, tf-keras, numpy, mpi4py.
+#   3. Horovod 0.28.1 built from its sdist against exactly that TensorFlow, with Gloo and MPI, after
+#      applying scripts/horovod-patches/*.patch (each says what it fixes and the upstream thread).
 #   4. hvdtrain itself, installed editable.
 #   5. hvdtrain's CPU kernels for synchronized BatchNorm, compiled against that TensorFlow.
+#
+# Stacks (STACK=...):
+#   tf2.21 (default)  TensorFlow 2.21.0 + tf-keras 2.21.0 on the newest of Python 3.13, 3.12, 3.11, 3.10 found
+#   tf2.15            TensorFlow 2.15.1 + tf-keras 2.15.1 on Python 3.11 (TF 2.15 has no wheels for 3.12+)
+# PYTHON=/path/to/python picks the interpreter; HVDTRAIN_VENV the environment's directory.
 set -euo pipefail
 export TF_CPP_MIN_LOG_LEVEL=2  # quiet TensorFlow start-up banners in the checks below
+export TF_USE_LEGACY_KERAS=1   # tf.keras is Keras 2 (tf-keras) on TF >= 2.16, as hvdtrain's import sets it
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${HVDTRAIN_VENV:-$ROOT/.venv}"
-PYTHON="${PYTHON:-python3.11}"
-command -v "$PYTHON" >/dev/null || PYTHON=python3
+STACK="${STACK:-tf2.21}"
+HOROVOD_VERSION=0.28.1
 
 log() { printf '[setup] %s\n' "$*"; }
+die() { printf '[setup] error: %s\n' "$*" >&2; exit 1; }
+
+case "$STACK" in
+  tf2.21) PYTHONS=(3.13 3.12 3.11 3.10); TF_KERAS=2.21.0 ;;
+  tf2.15) PYTHONS=(3.11 3.10 3.9); TF_KERAS=2.15.1 ;;
+  *) die "STACK must be tf2.21 or tf2.15, got '$STACK'" ;;
+esac
+REQUIREMENTS="$ROOT/requirements/$STACK.txt"
+
+# The first interpreter of the stack's versions that runs: on PATH (a pyenv shim for a version that
+# is not selected fails to run, so each is tried), then pyenv's own builds.
+find_python() {
+  local v c
+  for v in "${PYTHONS[@]}"; do
+    for c in "python$v" /usr/bin/"python$v" /usr/local/bin/"python$v" "${PYENV_ROOT:-$HOME/.pyenv}"/versions/"$v"*/bin/"python$v"; do
+      if command -v "$c" >/dev/null 2>&1 && "$c" -c 'import venv, ensurepip' >/dev/null 2>&1; then
+        echo "$c"; return 0
+      fi
+    done
+  done
+  return 1
+}
 
 # 1. Debian packages ------------------------------------------------------------------------
-APT_PACKAGES=(libopenmpi-dev openmpi-bin dataset-fashion-mnist openssh-server openssh-client iproute2)
+APT_PACKAGES=(libopenmpi-dev openmpi-bin dataset-fashion-mnist openssh-server openssh-client iproute2 git)
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
 if ((${#missing[@]})); then
-  if [[ $(id -u) -ne 0 ]]; then
-    echo "[setup] error: Debian packages missing (${missing[*]}); run as root or install them first" >&2
-    exit 1
-  fi
+  [[ $(id -u) -eq 0 ]] || die "Debian packages missing (${missing[*]}); run as root or install them first"
   log "installing Debian packages: ${missing[*]}"
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
-# 2. Virtual environment with pinned Python packages ----------------------------------------
+# 2. Virtual environment with the stack's pinned Python packages --------------------------------
+STACK_FILE="$VENV/.hvdtrain-stack"
+if [[ -x "$VENV/bin/python" && "$(cat "$STACK_FILE" 2>/dev/null)" != "$STACK" ]]; then
+  log "$VENV holds another stack ($(cat "$STACK_FILE" 2>/dev/null || echo unknown)); recreating it for $STACK"
+  rm -rf "$VENV"
+fi
 if [[ ! -x "$VENV/bin/python" ]]; then
-  log "creating virtual environment $VENV"
+  PYTHON="${PYTHON:-$(find_python)}" || die "no Python ${PYTHONS[*]} found for stack $STACK (set PYTHON=/path/to/python)"
+  log "creating virtual environment $VENV with $("$PYTHON" -V) for stack $STACK"
   "$PYTHON" -m venv "$VENV"
+  echo "$STACK" > "$STACK_FILE"
 fi
 PY="$VENV/bin/python"
 PIP=("$PY" -m pip install -q --disable-pip-version-check)
 
-if ! "$PY" -c 'import tensorflow, mpi4py, tqdm, pytest, matplotlib' 2>/dev/null; then
-  log "installing Python requirements (TensorFlow, numpy, mpi4py, ...)"
+if ! "$PY" -c 'import tensorflow, tf_keras, mpi4py, tqdm, pytest, matplotlib, yaml' 2>/dev/null; then
+  log "installing Python requirements ($REQUIREMENTS)"
   "${PIP[@]}" --upgrade pip 'setuptools<70' wheel
-  "${PIP[@]}" --only-binary=mpi4py -r "$ROOT/requirements.txt"
+  "${PIP[@]}" --only-binary=mpi4py -r "$REQUIREMENTS"
+  # tf-keras requires the package `tensorflow`, which tensorflow-cpu provides under another name:
+  # without --no-deps pip would install both, one over the other.
+  "${PIP[@]}" --no-deps "tf-keras==$TF_KERAS"
 fi
 
-# 3. Horovod, built against the TensorFlow above ---------------------------------------------
-# Rebuilt whenever TensorFlow changes: Horovod's TF ops are compiled against TF's C++ ABI.
-TF_VERSION=$("$PY" -c 'import tensorflow as tf; print(tf.__version__)' 2>/dev/null)
-STAMP="$VENV/.horovod-built-against-tf"
-if [[ ! -f "$STAMP" || "$(cat "$STAMP")" != "$TF_VERSION" ]] \
+# 3. Horovod, patched and built against the TensorFlow above ----------------------------------
+# Rebuilt whenever TensorFlow or the patch set changes: Horovod's TF ops are compiled against TF's C++ ABI.
+TF_VERSION=$("$PY" -c 'import tensorflow as tf; print(tf.__version__)')
+PATCHES=("$ROOT"/scripts/horovod-patches/*.patch)
+BUILD_ID="horovod $HOROVOD_VERSION, tensorflow $TF_VERSION, patches $(cat "${PATCHES[@]}" | sha256sum | cut -c1-16)"
+STAMP="$VENV/.horovod-build"
+if [[ "$(cat "$STAMP" 2>/dev/null)" != "$BUILD_ID" ]] \
    || ! "$PY" -c 'import horovod.tensorflow as hvd; assert hvd.gloo_built() and hvd.mpi_built()' 2>/dev/null; then
-  log "building horovod==0.28.1 against TensorFlow $TF_VERSION (about 4 minutes on 2 cores)"
+  log "building $BUILD_ID (about 5 minutes on 2 cores)"
+  SRC="$(mktemp -d)"
+  trap 'rm -rf "$SRC"' EXIT
+  "$PY" -m pip download -q --disable-pip-version-check --no-deps --no-binary :all: --no-build-isolation -d "$SRC" "horovod==$HOROVOD_VERSION"
+  tar -xzf "$SRC/horovod-$HOROVOD_VERSION.tar.gz" -C "$SRC"
+  for patch in "${PATCHES[@]}"; do
+    log "  applying $(basename "$patch")"
+    git -C "$SRC/horovod-$HOROVOD_VERSION" apply --whitespace=nowarn "$patch"
+  done
   "$PY" -m pip uninstall -y -q horovod >/dev/null 2>&1 || true
   HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITH_MPI=1 \
   HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 \
   MAKEFLAGS="-j$(nproc)" \
-    "${PIP[@]}" --no-build-isolation --no-cache-dir horovod==0.28.1
+    "${PIP[@]}" --no-build-isolation --no-deps --no-cache-dir "$SRC/horovod-$HOROVOD_VERSION"
   "$PY" -c 'import horovod.tensorflow as hvd; assert hvd.gloo_built() and hvd.mpi_built(), "horovod built without gloo/mpi"'
-  echo "$TF_VERSION" > "$STAMP"
+  echo "$BUILD_ID" > "$STAMP"
 fi
 
 # 4. hvdtrain itself ---------------------------------------------------------------------
@@ -69,7 +115,7 @@ if ! (cd / && "$PY" -c 'import hvdtrain') 2>/dev/null; then  # from /: not found
   "${PIP[@]}" --no-build-isolation --no-deps -e "$ROOT"
 fi
 # 5. hvdtrain's single-pass CPU kernels for SyncBatchNormalization, compiled against this TensorFlow.
-"$PY" -m hvdtrain.sync_bn_kernels 2>&1 | grep -v -e '^WARNING' -e 'oneDNN' -e 'cpu_feature' -e 'AVX' || true
-"$PY" -c 'from hvdtrain import sync_bn_kernels as k; assert k._library() is not None, "kernels failed to build"'
+"$PY" -m hvdtrain.model.sync_bn_kernels 2>&1 | grep -v -e '^WARNING' -e 'oneDNN' -e 'cpu_feature' -e 'AVX' || true
+"$PY" -c 'from hvdtrain.model import sync_bn_kernels as k; assert k._library() is not None, "kernels failed to build"'
 
-log "ready: $VENV (TensorFlow $TF_VERSION, horovod $("$PY" -c 'import horovod; print(horovod.__version__)'))"
+log "ready: $VENV ($("$PY" -V), TensorFlow $TF_VERSION, tf-keras $TF_KERAS, horovod $HOROVOD_VERSION patched)"
