@@ -21,7 +21,8 @@ import tensorflow as tf
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCE = os.path.join(_HERE, "csrc", "sync_bn_kernels.cc")
-LIBRARY = os.path.join(_HERE, "_sync_bn_kernels.so")
+# One library per TensorFlow version, so that stacks sharing this checkout (scripts/matrix.sh) keep their own.
+LIBRARY = os.path.join(_HERE, f"_sync_bn_kernels.tf{tf.__version__}.so")
 STAMP = LIBRARY + ".stamp"  # what the library was built from: TensorFlow's version and the source's hash
 
 
