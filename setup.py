@@ -11,6 +11,6 @@ setup(
     packages=find_packages(include=["hvdtrain", "hvdtrain.*"]),
     package_data={"hvdtrain.model": ["csrc/*.cc"]},  # compiled at set-up against the installed TensorFlow
     # TensorFlow and Horovod are installed by scripts/setup.sh (Horovod must be built against TF).
-    install_requires=["numpy", "tqdm"],
+    install_requires=["numpy", "tqdm", "PyYAML"],
     entry_points={"console_scripts": ["hvdtrain=hvdtrain.cli:main"]},
 )

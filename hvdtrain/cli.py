@@ -10,10 +10,10 @@ import os
 import sys
 import traceback
 import time
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
-from hvdtrain.config import (DATASETS, LR_SCHEDULES, CheckpointConfig, Config, DataConfig, ElasticConfig, LogConfig,
-                             ModelConfig, OptimConfig, RuntimeConfig)
+from hvdtrain.config import DATASETS, LR_SCHEDULES, Config, ConfigError
+from hvdtrain.config_file import config_from_flat, config_to_yaml, read_config_file
 from hvdtrain.errors import Ending, HvdtrainError, RunEnded, say
 from hvdtrain.runtime.dist import launcher_rank
 from hvdtrain.runtime.signals import defer_stop_signals, install_stop_handlers, restore_default_sigterm
@@ -52,6 +52,10 @@ def build_parser() -> argparse.ArgumentParser:
                     "horovodrun or mpirun, e.g. 'horovodrun -np 2 --gloo python -m hvdtrain'.",
         formatter_class=_DefaultsHelpFormatter,
     )
+    p.add_argument("--config", metavar="FILE", default=None,
+                   help="YAML run file of settings (as --print-config writes them); flags given override it")
+    p.add_argument("--print-config", action="store_true",
+                   help="print the resolved settings (defaults, --config, flags) as YAML and exit")
     g = p.add_argument_group("training")
     g.add_argument("--epochs", type=int, default=d.epochs,
                    help="passes over the training set (0 = evaluate only, into <log-dir>/evaluation.json)")
@@ -120,42 +124,75 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def config_from_args(argv: Optional[List[str]] = None) -> Config:
-    """Parse ``argv`` into a validated :class:`Config`.
+# Each flag's setting in the config tree; "!" marks a flag that switches its setting off.
+FLAG_SETTINGS = {
+    "epochs": "epochs", "batch_size": "batch_size", "seed": "seed",
+    "lr": "optim.base_lr", "momentum": "optim.momentum", "warmup_epochs": "optim.warmup_epochs",
+    "lr_schedule": "optim.lr_schedule", "fp16_allreduce": "optim.fp16_allreduce",
+    "backward_passes_per_step": "optim.backward_passes_per_step",
+    "dataset": "data.dataset", "data_dir": "data.data_dir", "eval_batch_size": "data.eval_batch_size",
+    "model": "model.name", "no_sync_bn": "!model.sync_bn",
+    "log_dir": "log.dir", "log_every": "log.log_every", "no_progress": "!log.progress",
+    "checkpoint_dir": "checkpoint.dir", "resume": "checkpoint.resume", "keep_checkpoints": "checkpoint.keep",
+    "checkpoint_every": "checkpoint.every_steps",
+    "threads": "runtime.threads", "cpu": "runtime.cpu", "stall_timeout": "runtime.stall_timeout",
+    "no_sync_bn_kernels": "!runtime.sync_bn_kernels", "horovod_nice": "runtime.horovod_nice",
+    "horovod_cycle_time": "runtime.horovod_cycle_time_ms",
+    "elastic": "elastic.enabled", "commit_every": "elastic.commit_every",
+}
+_NOT_GIVEN = object()
+
+
+def parse_command_line(argv: Optional[List[str]] = None) -> Tuple[Config, bool]:
+    """Parse ``argv`` into a validated :class:`Config`: the defaults, then the settings of
+    ``--config FILE``, then the flags given, each overriding the one before.
+
+    Returns:
+        ``(config, print_config)``: the config and whether ``--print-config`` was given.
 
     Raises:
-        HvdtrainError: for values outside their range (type errors exit through argparse).
+        HvdtrainError: for a bad config file, or a value outside its range, naming the flag (or
+            the file's key, where the value came from the file). Type errors in flags exit
+            through argparse.
     """
-    a = build_parser().parse_args(argv)
-    return Config(
-        epochs=a.epochs,
-        batch_size=a.batch_size,
-        seed=a.seed,
-        data=DataConfig(dataset=a.dataset, data_dir=a.data_dir, eval_batch_size=a.eval_batch_size),
-        model=ModelConfig(name=a.model, sync_bn=not a.no_sync_bn),
-        optim=OptimConfig(base_lr=a.lr, momentum=a.momentum, warmup_epochs=a.warmup_epochs,
-                          lr_schedule=a.lr_schedule, fp16_allreduce=a.fp16_allreduce,
-                          backward_passes_per_step=a.backward_passes_per_step),
-        checkpoint=CheckpointConfig(dir=a.checkpoint_dir, resume=a.resume, keep=a.keep_checkpoints,
-                                    every_steps=a.checkpoint_every),
-        log=LogConfig(dir=a.log_dir, log_every=a.log_every, progress=not a.no_progress),
-        runtime=RuntimeConfig(threads=a.threads, cpu=a.cpu, stall_timeout=a.stall_timeout,
-                              sync_bn_kernels=not a.no_sync_bn_kernels, horovod_nice=a.horovod_nice,
-                              horovod_cycle_time_ms=a.horovod_cycle_time),
-        elastic=ElasticConfig(enabled=a.elastic, commit_every=a.commit_every),
-    )
+    # Flags not given keep the sentinel (argparse sets defaults only for attributes not already
+    # present), so that a config file's setting is overridden by given flags only.
+    given = build_parser().parse_args(argv, argparse.Namespace(**{dest: _NOT_GIVEN for dest in FLAG_SETTINGS}))
+    from_file = read_config_file(given.config) if given.config else {}
+    from_flags = {}
+    for dest, key in FLAG_SETTINGS.items():
+        value = getattr(given, dest)
+        if value is not _NOT_GIVEN:
+            from_flags[key.lstrip("!")] = (not value) if key.startswith("!") else value
+    try:
+        return config_from_flat({**from_file, **from_flags}), given.print_config
+    except ConfigError as e:
+        key = FLAG_SETTINGS.get(e.flag[2:].replace("-", "_"), "").lstrip("!")
+        if key in from_file and key not in from_flags:
+            raise HvdtrainError(f"config file {given.config}: {key} ({e.flag}) must be {e.requirement}, "
+                                f"got {e.value!r}") from None
+        raise
+
+
+def config_from_args(argv: Optional[List[str]] = None) -> Config:
+    """Parse ``argv`` into a validated :class:`Config` (:func:`parse_command_line`)."""
+    return parse_command_line(argv)[0]
 
 
 def main(argv: Optional[List[str]] = None) -> int:
     """Entry point. Returns the process exit status: 0, or 2 for any error on any rank; exits with 130
     on Ctrl-C, 143 on SIGTERM (and the watchdog with 3 on a stall)."""
     try:
-        config = config_from_args(argv)
+        config, print_config = parse_command_line(argv)
     except HvdtrainError as e:  # the same flags on every rank: the launcher's rank 0 reports
         if launcher_rank() != 0:
             return _quiet_exit()
         say(f"hvdtrain: error: {e}", sys.stderr)
         return EXIT_ERROR
+    if print_config:
+        if launcher_rank() == 0:
+            print(config_to_yaml(config), end="")
+        return 0
     from hvdtrain.recipe import run  # imports TensorFlow: after argument checks, so --help is fast
 
     install_stop_handlers()  # launchers pass Ctrl-C on as SIGTERM, as Slurm does on scancel

@@ -16,9 +16,23 @@ DEFAULT_DATA_DIR = "/usr/share/datasets/fashion-mnist"  # Debian's dataset-fashi
 LR_SCHEDULES = ("cosine", "constant")
 
 
+class ConfigError(HvdtrainError):
+    """A setting out of its range: ``"<flag> must be <requirement>, got <value>"``.
+
+    Args:
+        flag: the command-line flag of the setting (``--lr``).
+        requirement: what it must be (``finite and > 0``).
+        value: what was received.
+    """
+
+    def __init__(self, flag: str, requirement: str, value):
+        super().__init__(f"{flag} must be {requirement}, got {value!r}")
+        self.flag, self.requirement, self.value = flag, requirement, value
+
+
 def _check(ok: bool, flag: str, requirement: str, value) -> None:
     if not ok:
-        raise HvdtrainError(f"{flag} must be {requirement}, got {value!r}")
+        raise ConfigError(flag, requirement, value)
 
 
 def _is_number(value) -> bool:

@@ -11,8 +11,9 @@ from typing import List, Optional
 from hvdtrain.callbacks import logged_epochs
 from hvdtrain.checkpoint import CheckpointManager, check_resumable, require_checkpoint_dir
 from hvdtrain.config import Config
+from hvdtrain.config_file import config_to_yaml
 from hvdtrain.errors import HvdtrainError, describe_differences, say
-from hvdtrain.files import refuse_a_file_in_the_way
+from hvdtrain.files import refuse_a_file_in_the_way, replace_file
 from hvdtrain.state import TrainPosition
 
 
@@ -40,7 +41,8 @@ def checkpoint_meta(config: Config, world_size: int, steps_per_epoch: int, finge
 
 def open_run_dir(config: Config, run_dir: str, ckpt_dir: str, model, optimizer, fresh: bool,
                  must_exist: bool = False) -> CheckpointManager:
-    """Create the run directory and the checkpoint manager.
+    """Create the run directory, write the run's settings into it (``config.yaml``, which
+    ``--config`` reads back), and create the checkpoint manager.
 
     Args:
         fresh: the run starts here (no ``--resume``): refuse a log directory that already holds
@@ -72,6 +74,7 @@ def open_run_dir(config: Config, run_dir: str, ckpt_dir: str, model, optimizer, 
     if fresh and latest:
         raise HvdtrainError(f"checkpoint directory {ckpt_dir} already holds {os.path.basename(latest)}; "
                             f"pass --resume to continue that run, or choose another --log-dir/--checkpoint-dir")
+    replace_file(os.path.join(run_dir, "config.yaml"), config_to_yaml(config))  # what this run runs with
     return manager
 
 

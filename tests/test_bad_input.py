@@ -58,6 +58,11 @@ def a_file(tmp):
     return str(tmp / "a-file")
 
 
+def run_file(tmp, text):
+    (tmp / "run.yaml").write_text(text)
+    return [*SYNTHETIC, *MLP, "--config", str(tmp / "run.yaml")]
+
+
 def resume_from(tmp, trained_run, model="tests.models:mlp", truncate=False, step_in_epoch=None):
     run_dir = tmp / "resumed"
     shutil.copytree(trained_run, run_dir)
@@ -157,6 +162,13 @@ CASES = [
      "two epochs; here they are 24"),
     ("checkpoints between accumulated passes", lambda t, r: ["--backward-passes-per-step", "2", "--checkpoint-every", "5"],
      "--checkpoint-every 5 must be a multiple of --backward-passes-per-step 2"),
+    ("config file with a mistyped key", lambda t, r: run_file(t, "epochs: 1\nbatchsize: 64\n"),
+     "run.yaml: unknown key 'batchsize'; did you mean 'batch_size'?"),
+    ("config file with a value of the wrong type", lambda t, r: run_file(t, "optim:\n  momentum: high\n"),
+     "run.yaml: optim.momentum must be a number, got 'high'"),
+    ("config file with a value out of range", lambda t, r: run_file(t, "optim: {base_lr: -1}\n"),
+     "run.yaml: optim.base_lr (--lr) must be finite and > 0, got -1.0"),
+    ("config file that is not YAML", lambda t, r: run_file(t, "epochs: [1,\n"), "run.yaml is not valid YAML"),
     ("--elastic with gradient accumulation", lambda t, r: ["--elastic", "--backward-passes-per-step", "2"],
      "--elastic cannot be combined with --backward-passes-per-step 2"),
 ]
