@@ -5,11 +5,19 @@ from typing import List
 
 from hvdtrain import callbacks as cbs
 from hvdtrain.checkpoint import CheckpointManager
-from hvdtrain.config import Config
+from hvdtrain.config import Config, OptimConfig
 from hvdtrain.data.datasets import Dataset
 from hvdtrain.data.sharding import ShardPlan
 from hvdtrain.runtime.dist import DistContext
 from hvdtrain.state import TrainPosition
+
+
+def optimizer_summary(optim: OptimConfig) -> str:
+    """``sgd (momentum 0.9)``, ``adamw (weight decay 0.05, clip norm 1)``...: the banner's optimizer."""
+    parts = [f"momentum {optim.momentum:g}" + (", Nesterov" if optim.nesterov else "")] if optim.name == "sgd" else []
+    parts += [f"weight decay {optim.weight_decay:g}"] if optim.weight_decay else []
+    parts += [f"clip norm {optim.clip_norm:g} (after the allreduce)"] if optim.clip_norm else []
+    return optim.name + (f" ({', '.join(parts)})" if parts else "")
 
 
 def chief_callbacks(config: Config, run_dir: str, manager: CheckpointManager, plan: ShardPlan, optimizer,
@@ -50,7 +58,8 @@ def banner(ctx: DistContext, config: Config, dataset: Dataset, plan: ShardPlan, 
         + (f"; {passes} passes per update: {plan.global_batch * passes} examples per update, "
            f"{plan.steps_per_epoch // passes} updates per epoch" if passes > 1 else ""),
         f"lr:    base {schedule.base_lr:g} x {ctx.size} = peak {schedule.peak_lr:g}, linear warmup "
-        f"{config.optim.warmup_epochs:g} epoch(s) ({schedule.warmup_steps} steps), then {config.optim.lr_schedule}",
+        f"{config.optim.warmup_epochs:g} epoch(s) ({schedule.warmup_steps} steps), then {config.optim.lr_schedule}; "
+        f"{optimizer_summary(config.optim)}",
         f"model: {config.model.name} ({norm}), {model.count_params():,} parameters",
         f"run:   {run_dir} (checkpoints {ckpt_dir}), {epochs}"
         + (f", resuming at step {start_step + 1} of epoch {start.epoch + 1}" if start_step else ""),

@@ -12,7 +12,7 @@ import traceback
 import time
 from typing import List, Optional, Tuple
 
-from hvdtrain.config import DATASETS, LR_SCHEDULES, Config, ConfigError
+from hvdtrain.config import DATASETS, LR_SCHEDULES, OPTIMIZERS, Config, ConfigError
 from hvdtrain.config_file import config_from_flat, config_to_yaml, read_config_file
 from hvdtrain.errors import Ending, HvdtrainError, RunEnded, say
 from hvdtrain.runtime.dist import launcher_rank
@@ -63,7 +63,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="local batch: examples per rank per step (global batch = this x world size)")
     g.add_argument("--lr", type=float, default=d.optim.base_lr,
                    help="base learning rate for one rank; scaled by world size after warmup")
+    g.add_argument("--optimizer", choices=OPTIMIZERS, default=d.optim.name,
+                   help="sgd (with --momentum), adam, or adamw (Adam with decoupled --weight-decay)")
     g.add_argument("--momentum", type=float, default=d.optim.momentum, help="SGD momentum")
+    g.add_argument("--nesterov", action="store_true", help="SGD with Nesterov momentum")
+    g.add_argument("--weight-decay", type=float, default=d.optim.weight_decay,
+                   help="decoupled weight decay: each update scales the kernels by 1 - lr x this (biases and "
+                        "BatchNorm scale/offset are not decayed)")
+    g.add_argument("--clip-norm", type=float, default=d.optim.clip_norm,
+                   help="clip the averaged (global-batch) gradient, after the allreduce, to this global L2 norm "
+                        "(0: off)")
     g.add_argument("--warmup-epochs", type=float, default=d.optim.warmup_epochs,
                    help="epochs (may be fractional) of linear warmup from --lr to --lr x world size")
     g.add_argument("--lr-schedule", choices=LR_SCHEDULES, default=d.optim.lr_schedule,
@@ -127,7 +136,8 @@ def build_parser() -> argparse.ArgumentParser:
 # Each flag's setting in the config tree; "!" marks a flag that switches its setting off.
 FLAG_SETTINGS = {
     "epochs": "epochs", "batch_size": "batch_size", "seed": "seed",
-    "lr": "optim.base_lr", "momentum": "optim.momentum", "warmup_epochs": "optim.warmup_epochs",
+    "optimizer": "optim.name", "lr": "optim.base_lr", "momentum": "optim.momentum", "nesterov": "optim.nesterov",
+    "weight_decay": "optim.weight_decay", "clip_norm": "optim.clip_norm", "warmup_epochs": "optim.warmup_epochs",
     "lr_schedule": "optim.lr_schedule", "fp16_allreduce": "optim.fp16_allreduce",
     "backward_passes_per_step": "optim.backward_passes_per_step",
     "dataset": "data.dataset", "data_dir": "data.data_dir", "eval_batch_size": "data.eval_batch_size",

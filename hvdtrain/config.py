@@ -14,6 +14,7 @@ from hvdtrain.errors import HvdtrainError
 DATASETS = ("idx", "npz", "synthetic")
 DEFAULT_DATA_DIR = "/usr/share/datasets/fashion-mnist"  # Debian's dataset-fashion-mnist
 LR_SCHEDULES = ("cosine", "constant")
+OPTIMIZERS = ("sgd", "adam", "adamw")
 
 
 class ConfigError(HvdtrainError):
@@ -88,11 +89,18 @@ class ModelConfig:
 
 @dataclasses.dataclass(frozen=True)
 class OptimConfig:
-    """SGD with momentum, its learning-rate schedule, and gradient-averaging options.
+    """The optimizer, its learning-rate schedule, and gradient-averaging options.
 
     Attributes:
+        name: ``sgd`` (with momentum), ``adam`` or ``adamw`` (Adam with decoupled weight decay).
         base_lr: learning rate for one rank; the peak rate is ``base_lr · world_size``.
-        momentum: SGD momentum in [0, 1).
+        momentum: SGD momentum in [0, 1) (Adam's first-moment decay stays Keras' 0.9).
+        nesterov: SGD with Nesterov momentum.
+        weight_decay: decoupled weight decay (Loshchilov & Hutter 2019): each update first
+            multiplies the kernels by ``1 - lr · weight_decay``; biases and BatchNorm's scale and
+            offset (variables of rank < 2) are not decayed. 0 disables; ``adamw`` needs it > 0.
+        clip_norm: clip the averaged gradient (after the allreduce: the global batch's gradient)
+            to this global L2 norm; 0 disables.
         warmup_epochs: epochs of linear warmup from ``base_lr`` to ``base_lr · world_size``
             (Goyal et al. 2017); may be fractional; 0 disables.
         lr_schedule: after warmup, ``cosine`` decay to 0 at the last step, or ``constant``.
@@ -100,15 +108,27 @@ class OptimConfig:
         backward_passes_per_step: local gradient accumulation: batches per optimizer step.
     """
 
+    name: str = "sgd"
     base_lr: float = 0.05
     momentum: float = 0.9
+    nesterov: bool = False
+    weight_decay: float = 0.0
+    clip_norm: float = 0.0
     warmup_epochs: float = 1.0
     lr_schedule: str = "cosine"
     fp16_allreduce: bool = False
     backward_passes_per_step: int = 1
 
     def __post_init__(self):
+        _check(self.name in OPTIMIZERS, "--optimizer", f"one of {OPTIMIZERS}", self.name)
         _check(_is_number(self.base_lr) and self.base_lr > 0, "--lr", "finite and > 0", self.base_lr)
+        _check(_is_number(self.weight_decay) and self.weight_decay >= 0, "--weight-decay", "finite and >= 0",
+               self.weight_decay)
+        _check(_is_number(self.clip_norm) and self.clip_norm >= 0, "--clip-norm", "finite and >= 0", self.clip_norm)
+        if self.name == "adamw" and not self.weight_decay:
+            raise HvdtrainError("--optimizer adamw needs --weight-decay > 0 (with 0 it is --optimizer adam)")
+        if self.nesterov and self.name != "sgd":
+            raise HvdtrainError(f"--nesterov applies to --optimizer sgd, not {self.name}")
         _check(_is_number(self.momentum) and 0 <= self.momentum < 1, "--momentum", "in [0, 1)", self.momentum)
         _check(_is_number(self.warmup_epochs) and self.warmup_epochs >= 0, "--warmup-epochs", "finite and >= 0",
                self.warmup_epochs)

@@ -1,4 +1,4 @@
-"""Optimizer: SGD with momentum, a world-size-scaled learning rate with warmup, wrapped by Horovod."""
+"""Optimizer: SGD, Adam or AdamW on a world-size-scaled learning rate with warmup, wrapped by Horovod."""
 from __future__ import annotations
 
 import math
@@ -79,18 +79,24 @@ def _schedule(config: OptimConfig, world_size: int, steps_per_epoch: int, epochs
     )
 
 
-def build_optimizer(config: OptimConfig, world_size: int, steps_per_epoch: int, epochs: int):
-    """SGD with momentum on :class:`WarmupSchedule`, wrapped in ``hvd.DistributedOptimizer``.
+def build_optimizer(config: OptimConfig, world_size: int, steps_per_epoch: int, epochs: int, variables=None):
+    """The configured optimizer on :class:`WarmupSchedule`, wrapped in ``hvd.DistributedOptimizer``.
 
-    The wrapper averages gradients over ranks by ring-allreduce (tensor fusion batches them into
-    few large messages) in ``compute_gradients``; use it as
-    ``opt.apply_gradients(opt.compute_gradients(loss, variables, tape=tape))``.
+    ``sgd`` (momentum, optionally Nesterov's), ``adam`` (Kingma & Ba 2015) or ``adamw`` (Adam with
+    decoupled weight decay, Loshchilov & Hutter 2019), Keras' implementations. The wrapper
+    averages gradients over ranks by ring-allreduce (tensor fusion batches them into few large
+    messages) in ``compute_gradients``; use it as
+    ``opt.apply_gradients(opt.compute_gradients(loss, variables, tape=tape))``. Keras clips
+    (``clip_norm``: ``global_clipnorm``) and decays weights in ``apply_gradients``, so both act on
+    the averaged gradient, as one process on the global batch would.
 
     Args:
         config: the optimizer section of the run's config.
         world_size: number of ranks (learning-rate scale).
         steps_per_epoch: steps (backward passes) per epoch, for warmup and decay lengths.
         epochs: epochs of the run.
+        variables: the model's trainable variables: the optimizer's slots are built for them, and
+            those of rank < 2 (biases, BatchNorm's scale and offset) are excluded from weight decay.
 
     Returns:
         ``(optimizer, schedule)``.
@@ -100,13 +106,24 @@ def build_optimizer(config: OptimConfig, world_size: int, steps_per_epoch: int, 
     # Horovod's gradient aggregation counts every backward pass in optimizer.iterations, so the
     # schedule is in backward passes (steps), not in applied updates.
     schedule = _schedule(config, world_size, steps_per_epoch, epochs)
-    sgd = tf.keras.optimizers.SGD(learning_rate=schedule, momentum=config.momentum)
+    common = {"learning_rate": schedule, "global_clipnorm": config.clip_norm or None,
+              "weight_decay": config.weight_decay or None}
+    if config.name == "sgd":
+        inner = tf.keras.optimizers.SGD(momentum=config.momentum, nesterov=config.nesterov, **common)
+    elif config.name == "adam":
+        inner = tf.keras.optimizers.Adam(**common)
+    else:
+        inner = tf.keras.optimizers.AdamW(**common)
     optimizer = hvd.DistributedOptimizer(
-        sgd,
+        inner,
         compression=hvd.Compression.fp16 if config.fp16_allreduce else hvd.Compression.none,
         backward_passes_per_step=config.backward_passes_per_step,
         average_aggregated_gradients=True,
     )
+    if variables is not None:  # on the wrapper: Horovod makes it anew from the inner optimizer's config
+        if config.weight_decay:
+            optimizer.exclude_from_weight_decay(var_list=[v for v in variables if v.shape.rank < 2])
+        optimizer.build(variables)
     return optimizer, schedule
 
 

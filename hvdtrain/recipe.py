@@ -87,8 +87,8 @@ def run(config: Config) -> dict:
 
             # 4. Optimizer: learning rate scaled by world size with warmup; Horovod's wrapper
             #    averages gradients by allreduce. Its slots are built now so they can be broadcast.
-            optimizer, schedule = build_optimizer(config.optim, ctx.size, plan.steps_per_epoch, config.epochs)
-            optimizer.build(model.trainable_variables)
+            optimizer, schedule = build_optimizer(config.optim, ctx.size, plan.steps_per_epoch, config.epochs,
+                                                  model.trainable_variables)
 
         if config.elastic.enabled:
             # Steps 5-8, re-run whenever workers leave or join (hvdtrain.elastic); the job knows

@@ -41,7 +41,8 @@ def test_help_documents_every_flag():
                          env=rank_env(), check=True).stdout
     for flag in ["--epochs", "--batch-size", "--lr", "--warmup-epochs", "--dataset", "--data-dir", "--model",
                  "--checkpoint-dir", "--resume", "--seed", "--log-dir", "--threads", "--no-sync-bn",
-                 "--fp16-allreduce", "--backward-passes-per-step"]:
+                 "--fp16-allreduce", "--backward-passes-per-step", "--optimizer", "--nesterov", "--weight-decay",
+                 "--clip-norm"]:
         assert flag in out
     assert "(default: 128)" in out and "per rank" in out
 

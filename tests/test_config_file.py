@@ -58,7 +58,7 @@ def test_a_flag_given_at_its_default_still_overrides_the_file(tmp_path):
     ("epochs: 1.5\n", "epochs must be an integer, got 1.5"),
     ("model: {sync_bn: 1}\n", "model.sync_bn must be true or false, got 1"),
     ("log: {dir: 7}\n", "log.dir must be a string or null, got 7"),
-    ("optim: 0.1\n", "optim must be a mapping of its settings (base_lr, momentum,"),
+    ("optim: 0.1\n", "optim must be a mapping of its settings (name, base_lr, momentum,"),
     ("- epochs\n", "must be a mapping of settings (epochs: 12, optim: {...}, ...), got list"),
     ("epochs: [1,\n", "is not valid YAML"),
     ("batch_size: 0\n", "batch_size (--batch-size) must be an integer >= 1, got 0"),

@@ -1,12 +1,18 @@
-"""The learning-rate schedule: linear warmup to base_lr x world size, cosine decay, and elastic rescaling."""
+"""The optimizers (N ranks == 1 process for each) and the learning-rate schedule: linear warmup to
+base_lr x world size, cosine decay, and elastic rescaling."""
 import math
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
+from hvdtrain.cli import parse_command_line
 from hvdtrain.config import OptimConfig
+from hvdtrain.errors import HvdtrainError
 from hvdtrain.optim import WarmupSchedule, rescale_schedule
+from tests.oracle import assert_same_weights
+from tests.ranks import run_ranks
+from tests.test_trainer import train_steps, weights
 
 
 def lr(schedule, step):
@@ -40,3 +46,68 @@ def test_rescaled_schedule_continues_at_the_same_epoch(old_size, new_size, itera
     for later in (0, 7, 100):
         expected = lr(fresh, round(epochs_done * new_steps) + later)
         assert np.isclose(lr(schedule, iterations + later), expected, rtol=1e-6), later
+
+
+# ---- the optimizers with real ranks: N ranks == 1 process on the global batch -------------------------------
+OPTIMIZER_CASES = {
+    "adam": ["--optimizer", "adam", "--lr", "0.01"],
+    "adamw": ["--optimizer", "adamw", "--lr", "0.01", "--weight-decay", "0.5"],
+    "sgd-nesterov-weight-decay": ["--nesterov", "--weight-decay", "0.5"],
+    "sgd-clip-norm": ["--clip-norm", "0.05"],  # well below the gradient's norm: every step clips
+}
+
+
+@pytest.fixture(scope="module")
+def plain_sgd(tmp_path_factory):
+    return weights(train_steps(tmp_path_factory.mktemp("sgd"), "sgd", 1, "tests.models:cnn_sync_bn", "32", 10,
+                               launcher="single"))
+
+
+@pytest.mark.parametrize("case", OPTIMIZER_CASES)
+def test_every_optimizer_matches_one_process_on_the_global_batch(tmp_path, case, plain_sgd):
+    """10 steps of a CNN with SyncBN at uneven local batches 5 + 27 == one process at 32, for each
+    optimizer and option: Keras clips the gradient and decays the weights after Horovod's
+    allreduce, as one process on the global batch does. Each option changes the result (its
+    weights are far from plain SGD's), so the comparison is not of two no-ops."""
+    extra = OPTIMIZER_CASES[case]
+    ranks = train_steps(tmp_path, "ranks", 2, "tests.models:cnn_sync_bn", "5,27", 10, *extra)
+    oracle = weights(train_steps(tmp_path, "oracle", 1, "tests.models:cnn_sync_bn", "32", 10, *extra,
+                                 launcher="single"))
+    for rank in (0, 1):
+        assert_same_weights(weights(ranks, rank), oracle)
+    changed = [k for k in oracle if k.startswith("final/") and oracle[k].ndim >= 2
+               and np.linalg.norm(oracle[k] - plain_sgd[k]) > 1e-3 * np.linalg.norm(plain_sgd[k])]
+    assert changed, f"{case} trained the kernels as plain SGD does"
+
+
+def test_weight_decay_scales_kernels_and_leaves_biases():
+    """Decoupled decay with a zero gradient: a kernel is multiplied by 1 - lr x weight decay, a
+    bias (rank 1: biases, BatchNorm's scale and offset) is left as it is."""
+    code = """
+import tensorflow as tf
+from hvdtrain.runtime.dist import init_distributed
+from hvdtrain.config import OptimConfig
+from hvdtrain.optim import build_optimizer
+ctx = init_distributed(threads=1)
+kernel, bias = tf.Variable(tf.ones([2, 2])), tf.Variable(tf.ones([2]))
+config = OptimConfig(name="adamw", base_lr=0.1, weight_decay=0.5, warmup_epochs=0, lr_schedule="constant")
+optimizer, _ = build_optimizer(config, 1, 10, 1, variables=[kernel, bias])
+optimizer.apply_gradients([(tf.zeros([2, 2]), kernel), (tf.zeros([2]), bias)])
+print("RESULT", float(kernel[0, 0]), float(bias[0]))
+"""
+    out = run_ranks(1, ["-c", code], launcher="single").stdout
+    kernel, bias = map(float, out.split("RESULT")[1].split())
+    assert kernel == pytest.approx(1 - 0.1 * 0.5, rel=1e-6) and bias == 1.0
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--optimizer", "rmsprop"], "argument --optimizer: invalid choice: 'rmsprop'"),
+    (["--optimizer", "adamw"], "--optimizer adamw needs --weight-decay > 0"),
+    (["--optimizer", "adam", "--nesterov"], "--nesterov applies to --optimizer sgd, not adam"),
+    (["--weight-decay", "-0.1"], "--weight-decay must be finite and >= 0, got -0.1"),
+    (["--clip-norm", "inf"], "--clip-norm must be finite and >= 0, got inf"),
+])
+def test_bad_optimizer_settings_are_one_error(flags, message, capsys):
+    with pytest.raises((HvdtrainError, SystemExit)) as e:
+        parse_command_line(flags)
+    assert message in (str(e.value) if isinstance(e.value, HvdtrainError) else capsys.readouterr().err)

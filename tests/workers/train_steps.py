@@ -1,7 +1,7 @@
 """Rank worker: run hvdtrain's compiled training step with chosen local batches; save the weights.
 
 Usage: python -m tests.workers.train_steps OUT.npz MODEL SIZES STEPS [--lr LR] [--fp16-allreduce]
-           [--backward-passes-per-step K]
+           [--backward-passes-per-step K] [--optimizer NAME] [--nesterov] [--weight-decay WD] [--clip-norm C]
 SIZES is a comma-separated local batch size per rank (e.g. "16,16", "3,13", or "32" for one
 process). Step s uses the s-th block of sum(SIZES) examples of a fixed permutation; rank r takes
 its SIZES[r] consecutive examples of that block -- so every world size sees the same global batches.
@@ -27,6 +27,10 @@ def main():
     p.add_argument("--fp16-allreduce", action="store_true")
     p.add_argument("--backward-passes-per-step", type=int, default=1)
     p.add_argument("--seed", type=int, default=3)
+    p.add_argument("--optimizer", default="sgd")
+    p.add_argument("--nesterov", action="store_true")
+    p.add_argument("--weight-decay", type=float, default=0.0)
+    p.add_argument("--clip-norm", type=float, default=0.0)
     a = p.parse_args()
 
     ctx = init_distributed(threads=1)
@@ -41,10 +45,11 @@ def main():
     dataset = make_synthetic(num_train=global_batch * a.steps, num_test=10, image_shape=(8, 8, 1), seed=a.seed)
     tf.keras.utils.set_random_seed(a.seed + ctx.rank)  # different per rank: the broadcast must fix it
     model = build_model(a.model, dataset.input_shape, dataset.num_classes, seed=a.seed, rank=ctx.rank)
-    config = OptimConfig(base_lr=a.lr / ctx.size, momentum=0.9, warmup_epochs=0, lr_schedule="constant",
+    config = OptimConfig(name=a.optimizer, base_lr=a.lr / ctx.size, momentum=0.9, nesterov=a.nesterov,
+                         weight_decay=a.weight_decay, clip_norm=a.clip_norm, warmup_epochs=0, lr_schedule="constant",
                          fp16_allreduce=a.fp16_allreduce, backward_passes_per_step=a.backward_passes_per_step)
-    optimizer, _ = build_optimizer(config, ctx.size, steps_per_epoch=a.steps, epochs=1)
-    optimizer.build(model.trainable_variables)
+    optimizer, _ = build_optimizer(config, ctx.size, steps_per_epoch=a.steps, epochs=1,
+                                   variables=model.trainable_variables)
     before = [v.numpy() for v in model.variables]
     broadcast_state(ctx, model, optimizer)
     initial = [v.numpy() for v in model.variables]
