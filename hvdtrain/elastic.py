@@ -41,7 +41,8 @@ from hvdtrain.data.sharding import ShardPlan
 from hvdtrain.errors import FoundHere, PeerFailure, RunEnded, is_peer_loss, say
 from hvdtrain.model.zoo import set_dropout_rank
 from hvdtrain.optim import rescale_schedule
-from hvdtrain.rundir import checkpoint_dir, checkpoint_meta, default_run_dir, open_run_dir, restore_for_resume
+from hvdtrain.rundir import (checkpoint_dir, checkpoint_meta, default_run_dir, open_run_dir, restore_for_resume,
+                             write_run_config)
 from hvdtrain.runtime import dist
 from hvdtrain.runtime.dist import DistContext
 from hvdtrain.runtime.signals import defer_stop_signals
@@ -214,6 +215,7 @@ class ElasticJob:
 
             def open_for_rank_0():
                 manager = open_run_dir(config, state.run_dir, ckpt_dir, model, optimizer, fresh=not state.dir_checked)
+                write_run_config(config, state.run_dir)
                 return chief_callbacks(config, state.run_dir, manager, plan, optimizer, meta)
 
             # Rank 0 (perhaps another process than before the reset) opens the run directory; all

@@ -22,7 +22,7 @@ from hvdtrain.model import sync_bn_kernels
 from hvdtrain.model.zoo import build_model
 from hvdtrain.optim import build_optimizer
 from hvdtrain.rundir import (checkpoint_dir, checkpoint_meta, default_run_dir, open_run_dir,
-                             restore_for_resume)
+                             restore_for_resume, write_run_config)
 from hvdtrain.runtime.dist import DistContext, current_rank, init_distributed
 from hvdtrain.runtime.signals import Terminated, defer_stop_signals, sigterm_received, stop_exception, stop_requested
 from hvdtrain.runtime.watchdog import Watchdog
@@ -106,12 +106,6 @@ def run(config: Config) -> dict:
             lambda: open_checkpoints(config, run_dir, ckpt_dir, model, optimizer, meta) if ctx.is_chief
             else (None, None))
         start = ctx.broadcast_object(start, name="hvdtrain.start")
-        if start.step % passes:
-            # Horovod's count of accumulated passes starts at 0 in this process: the resumed step
-            # must begin an update (a checkpoint of a run with another --backward-passes-per-step).
-            raise EveryRankError(f"--resume: the checkpoint is at step {start.step} of epoch {start.epoch + 1}, "
-                                 f"inside an update of --backward-passes-per-step {passes}; resume with the "
-                                 f"--backward-passes-per-step of the run that wrote it")
 
         # 6. Broadcast: every rank starts from rank 0's weights and optimizer state (fresh or restored).
         watchdog.beat("broadcasting the initial state")
@@ -153,7 +147,8 @@ def run(config: Config) -> dict:
 
 def open_checkpoints(config: Config, run_dir: str, ckpt_dir: str, model, optimizer, meta: dict):
     """Rank 0: the checkpoint manager and the :class:`TrainPosition` to start from, restoring the
-    latest checkpoint if ``--resume`` (the start, if the checkpoint directory holds none yet).
+    latest checkpoint if ``--resume`` (the start, if the checkpoint directory holds none yet);
+    then the run's ``config.yaml``.
 
     The checkpoint's layout (world size, local batch, steps per epoch, seed, the data's
     fingerprint: ``meta``'s) must be this run's: a resumed run continues the same sequence of
@@ -161,10 +156,19 @@ def open_checkpoints(config: Config, run_dir: str, ckpt_dir: str, model, optimiz
     """
     resume = config.checkpoint.resume
     manager = open_run_dir(config, run_dir, ckpt_dir, model, optimizer, fresh=not resume, must_exist=resume)
-    if not resume:
-        return manager, TrainPosition()
-    layout = {k: meta[k] for k in ("world_size", "batch_size", "steps_per_epoch", "seed", "data")}
-    return manager, restore_for_resume(config, manager, run_dir, layout, meta["data"]["train_examples"])
+    start = TrainPosition()
+    if resume:
+        layout = {k: meta[k] for k in ("world_size", "batch_size", "steps_per_epoch", "seed", "data")}
+        start = restore_for_resume(config, manager, run_dir, layout, meta["data"]["train_examples"])
+        passes = config.optim.backward_passes_per_step
+        if start.step % passes:
+            # Horovod's count of accumulated passes starts at 0 in this process: the resumed step
+            # must begin an update (a checkpoint of a run with another --backward-passes-per-step).
+            raise HvdtrainError(f"--resume: the checkpoint is at step {start.step} of epoch {start.epoch + 1}, "
+                                f"inside an update of --backward-passes-per-step {passes}; resume with the "
+                                f"--backward-passes-per-step of the run that wrote it")
+    write_run_config(config, run_dir)  # only now: a refused --resume leaves the run's own file as it was
+    return manager, start
 
 
 def agree_on_data(ctx: DistContext, fingerprint: dict) -> None:

@@ -41,8 +41,8 @@ def checkpoint_meta(config: Config, world_size: int, steps_per_epoch: int, finge
 
 def open_run_dir(config: Config, run_dir: str, ckpt_dir: str, model, optimizer, fresh: bool,
                  must_exist: bool = False) -> CheckpointManager:
-    """Create the run directory, write the run's settings into it (``config.yaml``, which
-    ``--config`` reads back), and create the checkpoint manager.
+    """Create the run directory and the checkpoint manager (the run's settings are written by
+    :func:`write_run_config` once a resumed checkpoint has been checked).
 
     Args:
         fresh: the run starts here (no ``--resume``): refuse a log directory that already holds
@@ -74,8 +74,14 @@ def open_run_dir(config: Config, run_dir: str, ckpt_dir: str, model, optimizer, 
     if fresh and latest:
         raise HvdtrainError(f"checkpoint directory {ckpt_dir} already holds {os.path.basename(latest)}; "
                             f"pass --resume to continue that run, or choose another --log-dir/--checkpoint-dir")
-    replace_file(os.path.join(run_dir, "config.yaml"), config_to_yaml(config))  # what this run runs with
     return manager
+
+
+def write_run_config(config: Config, run_dir: str) -> None:
+    """Write the settings this run runs with to ``<run_dir>/config.yaml`` (``--config`` reads it
+    back), atomically. Called after any ``--resume`` checks: a refused resume leaves the file of
+    the run it refused untouched."""
+    replace_file(os.path.join(run_dir, "config.yaml"), config_to_yaml(config))
 
 
 def restore_for_resume(config: Config, manager: CheckpointManager, run_dir: Optional[str], expected: dict,
