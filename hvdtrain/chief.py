@@ -60,7 +60,9 @@ def banner(ctx: DistContext, config: Config, dataset: Dataset, plan: ShardPlan, 
         f"lr:    base {schedule.base_lr:g} x {ctx.size} = peak {schedule.peak_lr:g}, linear warmup "
         f"{config.optim.warmup_epochs:g} epoch(s) ({schedule.warmup_steps} steps), then {config.optim.lr_schedule}; "
         f"{optimizer_summary(config.optim)}",
-        f"model: {config.model.name} ({norm}), {model.count_params():,} parameters",
+        f"model: {config.model.name} ({norm}), {model.count_params():,} parameters, {config.compute.precision}"
+        + (" (dynamic loss scaling)" if config.compute.precision == "fp16" else "")
+        + (", forward and backward pass compiled by XLA" if config.compute.xla else ""),
         f"run:   {run_dir} (checkpoints {ckpt_dir}), {epochs}"
         + (f", resuming at step {start_step + 1} of epoch {start.epoch + 1}" if start_step else ""),
     ])

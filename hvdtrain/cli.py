@@ -12,7 +12,7 @@ import traceback
 import time
 from typing import List, Optional, Tuple
 
-from hvdtrain.config import DATASETS, LR_SCHEDULES, OPTIMIZERS, Config, ConfigError
+from hvdtrain.config import DATASETS, LR_SCHEDULES, OPTIMIZERS, PRECISIONS, Config, ConfigError
 from hvdtrain.config_file import config_from_flat, config_to_yaml, read_config_file
 from hvdtrain.errors import Ending, HvdtrainError, RunEnded, say
 from hvdtrain.runtime.dist import launcher_rank
@@ -76,9 +76,18 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--warmup-epochs", type=float, default=d.optim.warmup_epochs,
                    help="epochs (may be fractional) of linear warmup from --lr to --lr x world size")
     g.add_argument("--lr-schedule", choices=LR_SCHEDULES, default=d.optim.lr_schedule,
-                   help="learning rate after warmup: cosine decay to 0, or constant")
+                   help="learning rate after warmup: cosine or linear decay to 0, step (/10 at 50%% and 75%% of the run), or "
+                        "constant")
     g.add_argument("--seed", type=int, default=d.seed, help="seed of weights, data order and dropout")
-    g.add_argument("--fp16-allreduce", action="store_true", help="compress gradients to float16 for the allreduce")
+    g.add_argument("--fp16-allreduce", action="store_true",
+                   help="compress gradients to float16 for the allreduce (with --precision fp16 too: the "
+                        "gradients are unscaled, float32, before it)")
+    g.add_argument("--precision", choices=PRECISIONS, default=d.compute.precision,
+                   help="fp32, or mixed precision: layers compute in bfloat16 (bf16) or float16 (fp16, with "
+                        "dynamic loss scaling); weights, loss and metrics stay float32")
+    g.add_argument("--xla", action="store_true",
+                   help="compile the forward and backward pass with XLA; the allreduce stays outside it, so "
+                        "synchronized BatchNorm at more than one rank needs --no-sync-bn")
     g.add_argument("--backward-passes-per-step", type=int, default=d.optim.backward_passes_per_step,
                    help="local batches whose gradients are accumulated per optimizer step")
 
@@ -140,6 +149,7 @@ FLAG_SETTINGS = {
     "weight_decay": "optim.weight_decay", "clip_norm": "optim.clip_norm", "warmup_epochs": "optim.warmup_epochs",
     "lr_schedule": "optim.lr_schedule", "fp16_allreduce": "optim.fp16_allreduce",
     "backward_passes_per_step": "optim.backward_passes_per_step",
+    "precision": "compute.precision", "xla": "compute.xla",
     "dataset": "data.dataset", "data_dir": "data.data_dir", "eval_batch_size": "data.eval_batch_size",
     "model": "model.name", "no_sync_bn": "!model.sync_bn",
     "log_dir": "log.dir", "log_every": "log.log_every", "no_progress": "!log.progress",

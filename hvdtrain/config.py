@@ -13,8 +13,9 @@ from hvdtrain.errors import HvdtrainError
 
 DATASETS = ("idx", "npz", "synthetic")
 DEFAULT_DATA_DIR = "/usr/share/datasets/fashion-mnist"  # Debian's dataset-fashion-mnist
-LR_SCHEDULES = ("cosine", "constant")
+LR_SCHEDULES = ("cosine", "linear", "step", "constant")
 OPTIMIZERS = ("sgd", "adam", "adamw")
+PRECISIONS = ("fp32", "bf16", "fp16")
 
 
 class ConfigError(HvdtrainError):
@@ -103,7 +104,8 @@ class OptimConfig:
             to this global L2 norm; 0 disables.
         warmup_epochs: epochs of linear warmup from ``base_lr`` to ``base_lr · world_size``
             (Goyal et al. 2017); may be fractional; 0 disables.
-        lr_schedule: after warmup, ``cosine`` decay to 0 at the last step, or ``constant``.
+        lr_schedule: after warmup, ``cosine`` or ``linear`` decay to 0 at the last step, ``step`` (/10 at
+            50% and 75% of the run), or ``constant`` (:class:`hvdtrain.optim.WarmupSchedule`).
         fp16_allreduce: compress gradients to float16 for the allreduce.
         backward_passes_per_step: local gradient accumulation: batches per optimizer step.
     """
@@ -127,6 +129,8 @@ class OptimConfig:
         _check(_is_number(self.clip_norm) and self.clip_norm >= 0, "--clip-norm", "finite and >= 0", self.clip_norm)
         if self.name == "adamw" and not self.weight_decay:
             raise HvdtrainError("--optimizer adamw needs --weight-decay > 0 (with 0 it is --optimizer adam)")
+        if self.name == "adam" and self.weight_decay:
+            raise HvdtrainError("--optimizer adam with --weight-decay is AdamW: use --optimizer adamw")
         if self.nesterov and self.name != "sgd":
             raise HvdtrainError(f"--nesterov applies to --optimizer sgd, not {self.name}")
         _check(_is_number(self.momentum) and 0 <= self.momentum < 1, "--momentum", "in [0, 1)", self.momentum)
@@ -135,6 +139,25 @@ class OptimConfig:
         _check(self.lr_schedule in LR_SCHEDULES, "--lr-schedule", f"one of {LR_SCHEDULES}", self.lr_schedule)
         _check(_is_int(self.backward_passes_per_step) and self.backward_passes_per_step >= 1,
                "--backward-passes-per-step", "an integer >= 1", self.backward_passes_per_step)
+
+
+@dataclasses.dataclass(frozen=True)
+class ComputeConfig:
+    """How the training step computes.
+
+    Attributes:
+        precision: ``fp32``; ``bf16`` or ``fp16``: Keras' mixed-precision policy (layers compute in
+            the half type, variables, loss and metrics stay float32); ``fp16`` adds dynamic loss
+            scaling (:mod:`hvdtrain.precision`).
+        xla: compile the forward and backward pass with XLA (``jit_compile``); the gradient
+            allreduce and the update run outside the compiled function.
+    """
+
+    precision: str = "fp32"
+    xla: bool = False
+
+    def __post_init__(self):
+        _check(self.precision in PRECISIONS, "--precision", f"one of {PRECISIONS}", self.precision)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -248,6 +271,7 @@ class Config:
     data: DataConfig = DataConfig()
     model: ModelConfig = ModelConfig()
     optim: OptimConfig = OptimConfig()
+    compute: ComputeConfig = ComputeConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
     log: LogConfig = LogConfig()
     runtime: RuntimeConfig = RuntimeConfig()
@@ -264,6 +288,14 @@ class Config:
             raise HvdtrainError(f"--checkpoint-every {self.checkpoint.every_steps} must be a multiple of "
                                 f"--backward-passes-per-step {passes}: a checkpoint between the passes of one update "
                                 f"would lose the gradients accumulated so far")
+        if self.optim.name != "sgd" and passes > 1:
+            raise HvdtrainError(f"--optimizer {self.optim.name} cannot be combined with --backward-passes-per-step "
+                                f"{passes}: Horovod counts every pass in the optimizer's iterations, which Adam's bias "
+                                f"correction reads as updates; use a larger --batch-size instead")
+        if self.compute.precision == "fp16" and passes > 1:
+            raise HvdtrainError(f"--precision fp16 cannot be combined with --backward-passes-per-step {passes}: a "
+                                f"pass whose gradients overflow would spoil the whole accumulated update; use "
+                                f"--precision bf16, which needs no loss scaling")
         if self.elastic.enabled and self.optim.backward_passes_per_step > 1:
             raise HvdtrainError(f"--elastic cannot be combined with --backward-passes-per-step "
                                 f"{self.optim.backward_passes_per_step}: a reset would drop half-accumulated "

@@ -41,6 +41,7 @@ from hvdtrain.data.sharding import ShardPlan
 from hvdtrain.errors import FoundHere, PeerFailure, RunEnded, is_peer_loss, say
 from hvdtrain.model.zoo import set_dropout_rank
 from hvdtrain.optim import rescale_schedule
+from hvdtrain.precision import DynamicLossScale
 from hvdtrain.rundir import (checkpoint_dir, checkpoint_meta, default_run_dir, open_run_dir, restore_for_resume,
                              write_run_config)
 from hvdtrain.runtime import dist
@@ -135,12 +136,14 @@ class ElasticJob:
             sync does that).
         fingerprint: ``dataset.fingerprint()``, checked against rank 0's at every state sync.
         watchdog: the stall watchdog (told of resets, which wait for the driver).
+        loss_scale: fp16's :class:`~hvdtrain.precision.DynamicLossScale` (its variables are the
+            optimizer's, so commits carry it), or None.
     """
 
     def __init__(self, config: Config, ctx: DistContext, dataset: Dataset, fingerprint: dict, model, optimizer,
-                 watchdog: Watchdog):
+                 watchdog: Watchdog, loss_scale: Optional[DynamicLossScale] = None):
         self.config, self.ctx, self.dataset, self.fingerprint = config, ctx, dataset, fingerprint
-        self.model, self.optimizer, self.watchdog = model, optimizer, watchdog
+        self.model, self.optimizer, self.watchdog, self.loss_scale = model, optimizer, watchdog, loss_scale
         # A worker's own run directory name; rank 0's wins at the first sync.
         self.state = TrainingState(model, optimizer, fingerprint, position=TrainPosition(),
                                    run_dir=config.log.dir or default_run_dir(),
@@ -231,7 +234,8 @@ class ElasticJob:
             callbacks.append(cbs.ElasticCommit(state, config.epochs))
             trainer = Trainer(ctx, model, optimizer, self.dataset, plan, log_every=config.log.log_every,
                               eval_batch_size=config.data.eval_batch_size, callbacks=callbacks,
-                              watchdog=self.watchdog, agree_on_writes=True)
+                              watchdog=self.watchdog, agree_on_writes=True, loss_scale=self.loss_scale,
+                              xla=config.compute.xla)
             metrics = trainer.fit(start, config.epochs,
                                   save_every=(config.checkpoint.every_steps, config.elastic.commit_every))
             # Trained: while the callbacks close (below), SIGTERM is only recorded, as in the recipe.

@@ -2,15 +2,16 @@
 from __future__ import annotations
 
 import math
+from typing import Optional
 
 import tensorflow as tf
 
-from hvdtrain.config import OptimConfig
+from hvdtrain.config import LR_SCHEDULES, OptimConfig
 
 
 @tf.keras.utils.register_keras_serializable(package="hvdtrain")
 class WarmupSchedule(tf.keras.optimizers.schedules.LearningRateSchedule):
-    """Linear warmup from ``base_lr`` to ``base_lr · world_size``, then cosine decay or constant.
+    """Linear warmup from ``base_lr`` to ``base_lr · world_size``, then a decay to the end of the run.
 
     Goyal et al. 2017, "Accurate, Large Minibatch SGD: Training ImageNet in 1 Hour", §2.1-2.2: scale
     the learning rate linearly with the global batch (here: with the number of ranks, each with
@@ -23,27 +24,37 @@ class WarmupSchedule(tf.keras.optimizers.schedules.LearningRateSchedule):
         world_size: int >= 1, the scale factor.
         warmup_steps: int >= 0, steps (backward passes: with accumulation, Horovod's
             ``optimizer.iterations`` counts every pass) of warmup.
-        total_steps: int >= 1, steps of the whole run (cosine reaches 0 there).
-        cosine: decay with half a cosine after warmup (Loshchilov & Hutter 2017, "SGDR"); else
-            stay at the peak.
+        total_steps: int >= 1, steps of the whole run (``cosine`` and ``linear`` reach 0 there).
+        decay: after warmup, ``cosine``: half a cosine to 0 (Loshchilov & Hutter 2017, "SGDR");
+            ``linear``: a straight line to 0; ``step``: the peak divided by 10 at 50% and again at
+            75% of the run's steps (He et al. 2016's CIFAR schedule); ``constant``: the peak.
         step_offset: int, added to the optimizer's iteration count: an elastic job that changed
             world size (and so steps per epoch) continues the schedule where its progress in
             epochs is (see :func:`rescale_schedule`).
+        cosine: the schedule's configuration before ``decay`` existed (True: ``cosine``, False:
+            ``constant``), for optimizers saved with it.
 
     Call arguments:
         step: the optimizer's iteration count (scalar, any numeric dtype).
 
     Returns:
         float32 scalar learning rate.
+
+    Raises:
+        ValueError: for another ``decay``.
     """
 
-    def __init__(self, base_lr: float, world_size: int, warmup_steps: int, total_steps: int, cosine: bool = True,
-                 step_offset: int = 0):
+    def __init__(self, base_lr: float, world_size: int, warmup_steps: int, total_steps: int, decay: str = "cosine",
+                 step_offset: int = 0, cosine: Optional[bool] = None):
+        if cosine is not None:
+            decay = "cosine" if cosine else "constant"
+        if decay not in LR_SCHEDULES:
+            raise ValueError(f"decay must be one of {LR_SCHEDULES}, got {decay!r}")
         self.base_lr = float(base_lr)
         self.world_size = int(world_size)
         self.warmup_steps = int(warmup_steps)
         self.total_steps = max(1, int(total_steps))
-        self.cosine = bool(cosine)
+        self.decay = decay
         self.step_offset = int(step_offset)
 
     @property
@@ -55,16 +66,21 @@ class WarmupSchedule(tf.keras.optimizers.schedules.LearningRateSchedule):
         step = tf.cast(step, tf.float32) + float(self.step_offset)
         peak = tf.constant(self.peak_lr, tf.float32)
         warm = self.base_lr + (self.peak_lr - self.base_lr) * step / max(1, self.warmup_steps)
-        if self.cosine:
-            progress = (step - self.warmup_steps) / max(1, self.total_steps - self.warmup_steps)
-            after = 0.5 * peak * (1.0 + tf.cos(math.pi * tf.clip_by_value(progress, 0.0, 1.0)))
+        progress = tf.clip_by_value((step - self.warmup_steps) / max(1, self.total_steps - self.warmup_steps), 0.0, 1.0)
+        if self.decay == "cosine":
+            after = 0.5 * peak * (1.0 + tf.cos(math.pi * progress))
+        elif self.decay == "linear":
+            after = peak * (1.0 - progress)
+        elif self.decay == "step":
+            fraction = step / self.total_steps
+            after = peak * tf.where(fraction < 0.5, 1.0, tf.where(fraction < 0.75, 0.1, 0.01))
         else:
             after = peak
         return tf.where(step < self.warmup_steps, warm, after)
 
     def get_config(self):
         return {"base_lr": self.base_lr, "world_size": self.world_size, "warmup_steps": self.warmup_steps,
-                "total_steps": self.total_steps, "cosine": self.cosine, "step_offset": self.step_offset}
+                "total_steps": self.total_steps, "decay": self.decay, "step_offset": self.step_offset}
 
 
 def _schedule(config: OptimConfig, world_size: int, steps_per_epoch: int, epochs: int,
@@ -74,7 +90,7 @@ def _schedule(config: OptimConfig, world_size: int, steps_per_epoch: int, epochs
         world_size=world_size,
         warmup_steps=round(config.warmup_epochs * steps_per_epoch),
         total_steps=steps_per_epoch * max(1, epochs),
-        cosine=config.lr_schedule == "cosine",
+        decay=config.lr_schedule,
         step_offset=step_offset,
     )
 

@@ -19,8 +19,10 @@ from hvdtrain.elastic import ElasticJob
 from hvdtrain.errors import (Ending, EveryRankError, FoundHere, HvdtrainError, PeerFailure, PeerLost, RunEnded,
                              is_peer_loss, say)
 from hvdtrain.model import sync_bn_kernels
+from hvdtrain.model.sync_bn import SyncBatchNormalization
 from hvdtrain.model.zoo import build_model
 from hvdtrain.optim import build_optimizer
+from hvdtrain.precision import DynamicLossScale, set_precision
 from hvdtrain.rundir import (checkpoint_dir, checkpoint_meta, default_run_dir, open_run_dir,
                              restore_for_resume, write_run_config)
 from hvdtrain.runtime.dist import DistContext, current_rank, init_distributed
@@ -48,7 +50,8 @@ def run(config: Config) -> dict:
     run_dir = None
     ending = None
     try:
-        sync_bn_kernels.set_enabled(config.runtime.sync_bn_kernels)
+        # hvdtrain's CPU kernels are custom ops, which XLA cannot compile.
+        sync_bn_kernels.set_enabled(config.runtime.sync_bn_kernels and not config.compute.xla)
         ctx = init_distributed(threads=config.runtime.threads, use_gpu=not config.runtime.cpu,
                                stall_timeout=config.runtime.stall_timeout, elastic=config.elastic.enabled,
                                watchdog=watchdog, horovod_nice=config.runtime.horovod_nice,
@@ -78,8 +81,9 @@ def run(config: Config) -> dict:
             raise EveryRankError(f"{dataset.name}: {len(dataset.y_train)} training examples are fewer than one global "
                                  f"batch ({ctx.size} ranks x --batch-size {config.batch_size}); use a smaller --batch-size")
 
-        # 3. Model, on this rank's device.
+        # 3. Model, on this rank's device, in the configured precision (float32 variables).
         watchdog.beat("building the model")
+        set_precision(config.compute.precision)
         with tf.device(ctx.device):
             model = ctx.guarded("building the model", lambda: build_model(
                 config.model.name, dataset.input_shape, dataset.num_classes, sync_bn=config.model.sync_bn,
@@ -89,11 +93,15 @@ def run(config: Config) -> dict:
             #    averages gradients by allreduce. Its slots are built now so they can be broadcast.
             optimizer, schedule = build_optimizer(config.optim, ctx.size, plan.steps_per_epoch, config.epochs,
                                                   model.trainable_variables)
+            # fp16's loss scale lives among the optimizer's variables: broadcast and checkpointed with them.
+            loss_scale = DynamicLossScale(optimizer) if config.compute.precision == "fp16" else None
+        if config.compute.xla:
+            refuse_collectives_under_xla(model, ctx.size)
 
         if config.elastic.enabled:
             # Steps 5-8, re-run whenever workers leave or join (hvdtrain.elastic); the job knows
             # its run directory (rank 0's, from the first sync).
-            job = ElasticJob(config, ctx, dataset, fingerprint, model, optimizer, watchdog)
+            job = ElasticJob(config, ctx, dataset, fingerprint, model, optimizer, watchdog, loss_scale)
             return job.run()
 
         # 5. Run directory and checkpoints (rank 0 only writes), restored state on resume.
@@ -120,7 +128,7 @@ def run(config: Config) -> dict:
         watchdog.beat("the first training step")
         trainer = Trainer(ctx, model, optimizer, dataset, plan, log_every=config.log.log_every,
                           eval_batch_size=config.data.eval_batch_size, callbacks=callbacks, watchdog=watchdog,
-                          backward_passes_per_step=passes)
+                          backward_passes_per_step=passes, loss_scale=loss_scale, xla=config.compute.xla)
         metrics = trainer.fit(start, config.epochs, save_every=(config.checkpoint.every_steps,))
         if ctx.is_chief and "train_loss" not in metrics:
             say(f"test loss {metrics['test_loss']:.4f} acc {metrics['test_accuracy']:.4f}")
@@ -184,6 +192,21 @@ def agree_on_data(ctx: DistContext, fingerprint: dict) -> None:
     """
     chief = ctx.broadcast_object(fingerprint, name="hvdtrain.data_fingerprint")
     ctx.agree(data_mismatch(ctx.rank, fingerprint, chief) if fingerprint != chief else None, "checking the data")
+
+
+def refuse_collectives_under_xla(model: tf.keras.Model, world_size: int) -> None:
+    """Refuse ``--xla`` for a model whose forward pass allreduces: XLA compiles the forward and
+    backward pass, and Horovod's ops (built without its XLA ops) cannot be compiled.
+
+    Raises:
+        EveryRankError: naming the synchronized BatchNorm layers, at world size > 1.
+    """
+    synchronized = [layer.name for layer in model.submodules
+                    if isinstance(layer, SyncBatchNormalization) and layer.synchronized]
+    if synchronized and world_size > 1:
+        raise EveryRankError(f"--xla compiles the forward and backward pass, which cannot hold the allreduce of "
+                             f"synchronized BatchNorm ({len(synchronized)} layers, e.g. {synchronized[0]}); use "
+                             f"--no-sync-bn, or SyncBatchNormalization(synchronized=False) in your model")
 
 
 def check_accumulation_fits_epochs(plan: ShardPlan, passes: int) -> None:

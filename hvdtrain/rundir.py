@@ -4,6 +4,8 @@ Rank 0 alone calls these functions; the recipe agrees on their outcome with the 
 """
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 import time
 from typing import List, Optional
@@ -79,9 +81,11 @@ def open_run_dir(config: Config, run_dir: str, ckpt_dir: str, model, optimizer, 
 
 def write_run_config(config: Config, run_dir: str) -> None:
     """Write the settings this run runs with to ``<run_dir>/config.yaml`` (``--config`` reads it
-    back), atomically. Called after any ``--resume`` checks: a refused resume leaves the file of
-    the run it refused untouched."""
-    replace_file(os.path.join(run_dir, "config.yaml"), config_to_yaml(config))
+    back), atomically, with ``resume: false``: the file starts this run again, and ``--resume``
+    given with it continues it. Called after any ``--resume`` checks: a refused resume leaves the
+    file of the run it refused untouched."""
+    rerun = dataclasses.replace(config, checkpoint=dataclasses.replace(config.checkpoint, resume=False))
+    replace_file(os.path.join(run_dir, "config.yaml"), config_to_yaml(rerun))
 
 
 def restore_for_resume(config: Config, manager: CheckpointManager, run_dir: Optional[str], expected: dict,
@@ -104,6 +108,7 @@ def restore_for_resume(config: Config, manager: CheckpointManager, run_dir: Opti
     if manager.latest() is None:
         start_without_checkpoint(manager.directory, run_dir)
         return TrainPosition()
+    refuse_other_optimizer_state(config, manager.latest())
     latest, meta = manager.restore_latest()
     if meta.get("elastic") and not elastic:
         raise HvdtrainError(f"--resume: {latest} was written by an elastic job, whose steps mix world sizes; "
@@ -115,6 +120,31 @@ def restore_for_resume(config: Config, manager: CheckpointManager, run_dir: Opti
     if changed:  # allowed (a longer run, a lower rate), but the run is no longer the one checkpointed
         say(f"--resume: settings changed since {os.path.basename(latest)}: {'; '.join(changed)}")
     return TrainPosition.from_meta(meta, num_examples)
+
+
+def refuse_other_optimizer_state(config: Config, checkpoint: str) -> None:
+    """Refuse to resume a checkpoint whose optimizer state does not fit this run's: SGD's slots
+    (momentum) against Adam's and AdamW's (first and second moments), or fp16's loss scale, which
+    is part of the optimizer's state (:class:`hvdtrain.precision.DynamicLossScale`), against none.
+
+    Raises:
+        HvdtrainError: naming the checkpoint's setting. An unreadable ``meta.json`` is left to the
+            restore, which names the damage.
+    """
+    try:
+        with open(os.path.join(checkpoint, "meta.json")) as f:
+            saved = json.load(f)["config"]
+        optimizer = saved.get("optim", {}).get("name", "sgd")  # checkpoints before --optimizer: SGD
+        precision = saved.get("compute", {}).get("precision", "fp32")
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return
+    if (optimizer == "sgd") != (config.optim.name == "sgd"):
+        raise HvdtrainError(f"--resume: {checkpoint} was written with --optimizer {optimizer}, whose state does not fit "
+                            f"--optimizer {config.optim.name}'s; resume with --optimizer {optimizer}")
+    if (precision == "fp16") != (config.compute.precision == "fp16"):
+        raise HvdtrainError(f"--resume: {checkpoint} was written with --precision {precision}, this run has --precision "
+                            f"{config.compute.precision}: fp16's loss scale is part of the optimizer's state; resume "
+                            f"with --precision {precision}" + ("" if precision == "fp16" else " or bf16"))
 
 
 def start_without_checkpoint(ckpt_dir: str, run_dir: Optional[str]) -> None:

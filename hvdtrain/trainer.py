@@ -18,6 +18,7 @@ from hvdtrain.data.sharding import ShardPlan, eval_shard
 from hvdtrain.errors import EveryRankError
 from hvdtrain.metrics import loss_and_sums, mean_metrics
 from hvdtrain.model.moving_statistics import per_rank_moving_statistics
+from hvdtrain.precision import DynamicLossScale
 from hvdtrain.runtime.dist import DistContext, in_collective
 from hvdtrain.runtime.watchdog import Watchdog
 from hvdtrain.state import TrainPosition
@@ -67,6 +68,11 @@ class Trainer:
             before the other callbacks finish (elastic jobs; see :meth:`_write_hook`).
         backward_passes_per_step: the optimizer's gradient accumulation K (steps per update); the
             plan's steps per epoch must be a multiple of it.
+        loss_scale: for ``--precision fp16``, the :class:`~hvdtrain.precision.DynamicLossScale`
+            (its variables among the optimizer's): a step whose allreduced gradients are not
+            finite is skipped on every rank, its examples left out of the metrics.
+        xla: compile the forward and backward pass with XLA (``jit_compile``); the model must
+            hold no collective op (synchronized BatchNorm at world size > 1).
 
     Raises:
         HvdtrainError: for a Keras 3 model or optimizer (:func:`hvdtrain.compat.require_keras2`).
@@ -76,10 +82,12 @@ class Trainer:
     def __init__(self, ctx: DistContext, model: tf.keras.Model, optimizer, dataset: Dataset, plan: ShardPlan,
                  log_every: int = 50, eval_batch_size: int = 1000, callbacks: Optional[List[cbs.Callback]] = None,
                  watchdog: Optional[Watchdog] = None, agree_on_writes: bool = False,
-                 backward_passes_per_step: int = 1):
+                 backward_passes_per_step: int = 1, loss_scale: Optional[DynamicLossScale] = None,
+                 xla: bool = False):
         require_keras2(model, optimizer)  # Keras 3's gradients would not be averaged
         self.ctx, self.model, self.optimizer, self.plan = ctx, model, optimizer, plan
         self.backward_passes_per_step = backward_passes_per_step
+        self.loss_scale, self.xla = loss_scale, xla
         self.agree_on_writes = agree_on_writes
         self.watchdog = watchdog or Watchdog(lambda: ctx.rank, timeout_s=0)
         self.log_every, self.eval_batch_size = log_every, eval_batch_size
@@ -105,11 +113,12 @@ class Trainer:
     # ---- compiled steps --------------------------------------------------------------------------
     def _make_train_step(self):
         model, optimizer, world_size = self.model, self.optimizer, float(self.ctx.size)
+        loss_scale, variables = self.loss_scale, model.trainable_variables
 
-        @tf.function(input_signature=[tf.TensorSpec([None], tf.int32), tf.TensorSpec([], tf.float32)])
-        def train_step(indices, global_count):
-            images = to_model_input(tf.gather(self.x_train, indices))
-            labels = tf.gather(self.y_train, indices)
+        # The forward and backward pass: this rank's gradients, unscaled, and its metric sums. With
+        # --xla, XLA compiles it; the allreduce below stays outside (Horovod's ops are not XLA ops).
+        @tf.function(jit_compile=self.xla or None)
+        def local_gradients(images, labels, global_count):
             with tf.GradientTape() as tape:
                 logits = model(images, training=True)
                 per_example, sums = loss_and_sums(logits, labels)
@@ -119,10 +128,48 @@ class Trainer:
                 loss = tf.reduce_sum(per_example) * (world_size / global_count)
                 if model.losses:
                     loss += tf.add_n(model.losses)
-            # Allreduce (average) of the gradients happens in the wrapped compute_gradients.
-            optimizer.apply_gradients(optimizer.compute_gradients(loss, model.trainable_variables, tape=tape))
-            self._sums.assign_add(sums)
+                if loss_scale is not None:  # fp16: small gradients would flush to zero unscaled
+                    loss = loss_scale.scale_loss(loss)
+            gradients = tape.gradient(loss, variables)
+            if loss_scale is not None:  # unscaled before the allreduce, so that is in true units
+                gradients = loss_scale.unscale(gradients)
+            return gradients, sums
 
+        # What the forward pass itself updates (BatchNorm's moving statistics): a skipped fp16 step
+        # restores it, or one overflowing batch would leave them NaN for good.
+        forward_state = [v for v in model.non_trainable_variables if v.dtype.is_floating] if loss_scale else []
+
+        @tf.function(input_signature=[tf.TensorSpec([None], tf.int32), tf.TensorSpec([], tf.float32)])
+        def train_step(indices, global_count):
+            images = to_model_input(tf.gather(self.x_train, indices))
+            labels = tf.gather(self.y_train, indices)
+            saved = [tf.identity(v) for v in forward_state]  # read before the forward pass writes them
+            gradients, sums = local_gradients(images, labels, global_count)
+            # Average over the ranks by ring-allreduce: what the wrapper's compute_gradients does after
+            # the backward pass (with its local aggregation under backward_passes_per_step > 1).
+            gradients = optimizer._allreduce(gradients, variables)  # pylint: disable=protected-access
+            if loss_scale is None:
+                optimizer.apply_gradients(zip(gradients, variables))
+                self._sums.assign_add(sums)
+                return
+            # fp16: the allreduced gradients are alike on every rank, and non-finite on every rank
+            # if they were on any (hvdtrain.precision): every rank skips or applies the same step.
+            finite = loss_scale.all_finite(gradients)
+
+            def apply():
+                optimizer.apply_gradients(zip(gradients, variables))
+                self._sums.assign_add(sums)  # a skipped step's examples are left out of the metrics
+                return tf.constant(True)
+
+            def skip():
+                for variable, value in zip(forward_state, saved):
+                    variable.assign(value)
+                return tf.constant(False)
+
+            tf.cond(finite, apply, skip)
+            loss_scale.update(finite)
+
+        self.local_gradients = local_gradients  # the forward and backward pass, for inspection (XLA's IR)
         return train_step
 
     def _make_eval_step(self):
@@ -337,6 +384,9 @@ class Trainer:
                 if callable(self.optimizer.learning_rate) else float(self.optimizer.learning_rate),
                 "world_size": self.ctx.size,
             }
+            if self.loss_scale is not None:  # fp16: the scale now, and the steps skipped so far in the run
+                metrics.update(loss_scale=float(self.loss_scale.scale.numpy()),
+                               skipped_steps=int(self.loss_scale.skipped_steps.numpy()))
             self._write_hook("on_epoch_end", epoch, metrics)
             self.watchdog.beat(f"the end of epoch {epoch + 1}")
         if not metrics:  # nothing left to train (epochs reached): report the test metrics

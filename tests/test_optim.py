@@ -26,8 +26,25 @@ def test_warmup_then_cosine():
     assert lr(s, 10) == pytest.approx(0.4)
     assert lr(s, 60) == pytest.approx(0.5 * 0.4 * (1 + math.cos(math.pi * 0.5)))
     assert lr(s, 110) == pytest.approx(0.0, abs=1e-7) and lr(s, 500) == pytest.approx(0.0, abs=1e-7)
-    constant = WarmupSchedule(base_lr=0.1, world_size=4, warmup_steps=10, total_steps=110, cosine=False)
+    constant = WarmupSchedule(base_lr=0.1, world_size=4, warmup_steps=10, total_steps=110, decay="constant")
     assert lr(constant, 100) == pytest.approx(0.4)
+
+
+def test_warmup_then_linear_and_step_decay():
+    linear = WarmupSchedule(base_lr=0.1, world_size=4, warmup_steps=10, total_steps=110, decay="linear")
+    assert [lr(linear, s) for s in (5, 10, 35, 110, 200)] == pytest.approx([0.25, 0.4, 0.3, 0.0, 0.0], abs=1e-7)
+    step = WarmupSchedule(base_lr=0.1, world_size=4, warmup_steps=10, total_steps=200, decay="step")
+    assert [lr(step, s) for s in (5, 10, 99, 100, 149, 150, 199)] == pytest.approx(
+        [0.25, 0.4, 0.4, 0.04, 0.04, 0.004, 0.004])
+
+
+def test_a_schedule_saved_before_decay_existed_still_loads():
+    """Optimizers saved with the old ``cosine`` flag (in checkpoints' configs) rebuild the same schedule."""
+    old = WarmupSchedule.from_config({"base_lr": 0.1, "world_size": 2, "warmup_steps": 0, "total_steps": 10,
+                                      "cosine": False, "step_offset": 0})
+    assert old.decay == "constant" and WarmupSchedule.from_config(old.get_config()).get_config() == old.get_config()
+    with pytest.raises(ValueError, match="decay must be one of"):
+        WarmupSchedule(0.1, 1, 0, 10, decay="exponential")
 
 
 @pytest.mark.parametrize("old_size, new_size, iterations", [(2, 1, 150), (1, 3, 450), (4, 2, 20)])
@@ -49,11 +66,11 @@ def test_rescaled_schedule_continues_at_the_same_epoch(old_size, new_size, itera
 
 
 # ---- the optimizers with real ranks: N ranks == 1 process on the global batch -------------------------------
+# AdamW is Keras' Adam with decoupled decay; clipping is the optimizers' common code (one case each).
 OPTIMIZER_CASES = {
-    "adam": ["--optimizer", "adam", "--lr", "0.01"],
     "adamw": ["--optimizer", "adamw", "--lr", "0.01", "--weight-decay", "0.5"],
-    "sgd-nesterov-weight-decay": ["--nesterov", "--weight-decay", "0.5"],
-    "sgd-clip-norm": ["--clip-norm", "0.05"],  # well below the gradient's norm: every step clips
+    "sgd-nesterov-weight-decay-clip-norm": ["--nesterov", "--weight-decay", "0.5",
+                                            "--clip-norm", "0.05"],  # well below the gradient's norm: every step clips
 }
 
 
@@ -106,6 +123,9 @@ print("RESULT", float(kernel[0, 0]), float(bias[0]))
     (["--optimizer", "adam", "--nesterov"], "--nesterov applies to --optimizer sgd, not adam"),
     (["--weight-decay", "-0.1"], "--weight-decay must be finite and >= 0, got -0.1"),
     (["--clip-norm", "inf"], "--clip-norm must be finite and >= 0, got inf"),
+    (["--optimizer", "adam", "--weight-decay", "0.1"], "--optimizer adam with --weight-decay is AdamW"),
+    (["--optimizer", "adam", "--backward-passes-per-step", "2"],
+     "--optimizer adam cannot be combined with --backward-passes-per-step 2"),
 ])
 def test_bad_optimizer_settings_are_one_error(flags, message, capsys):
     with pytest.raises((HvdtrainError, SystemExit)) as e:

@@ -21,6 +21,13 @@ EPSILON, MOMENTUM = 1e-3, 0.9
 TOL = 1e-5  # max |ours - oracle| <= TOL * max |oracle|, per tensor
 
 
+def tolerance(case: dict, key: str) -> float:
+    """TOL; for float16 input, its outputs and input gradients are float16, so one rounding of
+    2^-11 relative each (statistics, gamma's and beta's gradients and moving statistics are
+    float32 and held to TOL)."""
+    return 2.0 ** -10 if case.get("dtype") == "float16" and key in ("y", "dx") else TOL
+
+
 def oracle(x, w, gamma, beta, axis, activation=None):
     """Global-batch batch norm (then ReLU, for ``activation="relu"``) in float64: outputs, gradients,
     updated moving statistics."""
@@ -83,16 +90,21 @@ def test_matches_global_batch_oracle(rank_results, name, key):
     expected = oracle(x, w, gamma, beta, case["axis"], case.get("activation"))[key]
     got = gather(results, name, key)
     assert got.shape == expected.shape
-    assert max_rel_error(got, expected) <= TOL, f"{name}/{key} at np={world_size}"
+    assert np.all(np.isfinite(got)), f"{name}/{key} at np={world_size}"
+    assert max_rel_error(got, expected) <= tolerance(case, key), f"{name}/{key} at np={world_size}"
 
 
 @pytest.mark.parametrize("name", list(cases(2)))
 @pytest.mark.parametrize("key", ["y", "dx", "dgamma", "dbeta", "moving_mean", "moving_variance"])
 def test_per_rank_layer_matches_each_ranks_own_batch_oracle(rank_results, name, key):
     """With ``synchronized=False`` each rank normalizes (and keeps moving statistics of) its own
-    batch alone; a rank with an empty batch leaves its moving statistics at their initial values."""
+    batch alone; a rank with an empty batch leaves its moving statistics at their initial values.
+    Off the kernels, half-precision input goes to TensorFlow's fused op, whose float32 statistics
+    are its own (not hvdtrain's float64 shifted sums), as in Keras' BatchNormalization: for mean 1e3
+    they leave gamma's gradient 2e-4 off, so 1e-3 there for the float32 results."""
     world_size, results = rank_results
     case = cases(world_size)[name]
+    fused = case.get("dtype") == "float16" and not bool(results[0]["kernels"])
     x, w, gamma, beta = case_data(name, case)
     starts = np.cumsum([0] + case["sizes"])
     for rank, result in enumerate(results):
@@ -103,7 +115,8 @@ def test_per_rank_layer_matches_each_ranks_own_batch_oracle(rank_results, name, 
             np.testing.assert_array_equal(got, np.full_like(got, initial.get(key, 0.0)), err_msg=f"{name}/{key}")
             continue
         expected = oracle(x[sl], w[sl], gamma, beta, case["axis"], case.get("activation"))[key].ravel()
-        assert max_rel_error(got, expected) <= TOL, f"{name}/{key} of rank {rank} at np={world_size}"
+        tol = max(tolerance(case, key), 1e-3) if fused else tolerance(case, key)
+        assert max_rel_error(got, expected) <= tol, f"{name}/{key} of rank {rank} at np={world_size}"
 
 
 def test_horovod_layer_deviates_on_uneven_batches(rank_results):

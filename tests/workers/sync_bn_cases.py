@@ -28,6 +28,8 @@ def cases(world_size: int) -> dict:
         # The fused ReLU: on the CPU kernels (channels-last) and on the TensorFlow ops (channels-first).
         "relu_uneven": dict(shape=(3, 3, 4), axis=-1, sizes=uneven, loc=0.5, scale=2.0, activation="relu"),
         "relu_channels_first": dict(shape=(4, 3, 3), axis=1, sizes=[3] * r, loc=1.0, scale=1.0, activation="relu"),
+        # Mixed precision: float16 input whose E[x^2] (1e6) is past float16's range (65504).
+        "float16_offset_1e3": dict(shape=(3, 3, 4), axis=-1, sizes=uneven, loc=1e3, scale=1.0, dtype="float16"),
     }
 
 # Run as a compiled tf.function (as in training); the other cases run eagerly.
@@ -35,7 +37,8 @@ GRAPH_CASES = ("equal_nhwc", "relu_uneven")
 
 
 def case_data(name: str, case: dict):
-    """Global float32 input, upstream-gradient weights, gamma and beta for a case (seeded by its name)."""
+    """Global float32 input, upstream-gradient weights, gamma and beta for a case (seeded by its name);
+    for a float16 case, input and weights are float16 values."""
     rng = np.random.default_rng(sum(map(ord, name)))
     n = sum(case["sizes"])
     x = (case["loc"] + case["scale"] * rng.standard_normal((n, *case["shape"]))).astype(np.float32)
@@ -45,6 +48,8 @@ def case_data(name: str, case: dict):
     if case.get("activation"):
         gamma[0] = -gamma[0]  # the ReLU mask then depends on gamma's sign too
     beta = (0.2 * rng.standard_normal(channels)).astype(np.float32)
+    if case.get("dtype") == "float16":  # the values the layer gets, so the oracle has them too
+        x, w = (a.astype(np.float16).astype(np.float32) for a in (x, w))
     return x, w, gamma, beta
 
 
@@ -60,7 +65,8 @@ def main(out_dir: str) -> None:
         x, w, gamma, beta = case_data(name, case)
         start = sum(case["sizes"][:ctx.rank])
         sl = slice(start, start + case["sizes"][ctx.rank])
-        x_local, w_local = tf.constant(x[sl]), tf.constant(w[sl])
+        dtype = case.get("dtype", "float32")
+        x_local, w_local = tf.constant(x[sl], dtype), tf.constant(w[sl], dtype)
         for prefix, synchronized in (("", True), ("per_rank/", False)):
             layer = SyncBatchNormalization(axis=case["axis"], momentum=0.9, epsilon=1e-3,
                                            activation=case.get("activation"), synchronized=synchronized)

@@ -1,0 +1,87 @@
+"""Mixed precision: Keras' dtype policy for the model, and dynamic loss scaling agreed by every rank.
+
+Under ``bf16`` and ``fp16`` the layers compute in the half type while variables, the loss and the
+metrics stay float32 (Micikevicius et al. 2018, "Mixed Precision Training"). float16's narrow
+range needs loss scaling: the loss is multiplied by a scale before the backward pass so small
+gradients do not flush to zero, and the gradients are divided by it again before the allreduce.
+
+Why every rank agrees on a skipped step without a collective of its own: the allreduce sums the
+ranks' gradients, and a NaN or infinity on any rank makes the sum non-finite on every rank
+(``inf + x = inf``, ``NaN + x = NaN``, ``inf - inf = NaN``), so each rank's finite-check of the
+*allreduced* gradients gives the same answer. Each rank then skips or applies the same update and
+moves the same scale the same way.
+"""
+from __future__ import annotations
+
+from typing import List, Optional
+
+import tensorflow as tf
+
+POLICIES = {"fp32": "float32", "bf16": "mixed_bfloat16", "fp16": "mixed_float16"}
+
+
+def set_precision(precision: str) -> None:
+    """Set Keras' global dtype policy for the layers built from now on.
+
+    Args:
+        precision: ``fp32``, ``bf16`` or ``fp16`` (:data:`hvdtrain.config.PRECISIONS`).
+
+    Raises:
+        KeyError: for another name (the config refuses it first).
+    """
+    tf.keras.mixed_precision.set_global_policy(POLICIES[precision])
+
+
+class DynamicLossScale:
+    """A loss scale that halves when the gradients overflow and doubles after a run of finite steps.
+
+    The algorithm and defaults are Keras' ``LossScaleOptimizer`` (initial 2^15, growth every 2000
+    finite steps, factor 2; Micikevicius et al. 2018). Its state is three optimizer variables
+    (``optimizer.add_variable``), so checkpoints, the broadcast from rank 0 and elastic commits
+    carry it with the optimizer's slots: a resumed run continues with the scale it had.
+
+    Args:
+        optimizer: the (Horovod-wrapped) Keras optimizer, already built.
+        initial_scale: float, > 0.
+        growth_interval: finite steps between doublings, >= 1.
+
+    Raises:
+        ValueError: for a non-positive scale or interval.
+    """
+
+    FACTOR = 2.0
+
+    def __init__(self, optimizer, initial_scale: float = 2.0 ** 15, growth_interval: int = 2000):
+        if not initial_scale > 0 or growth_interval < 1:
+            raise ValueError(f"loss scale needs initial_scale > 0 and growth_interval >= 1, got {initial_scale}, "
+                             f"{growth_interval}")
+        self.growth_interval = int(growth_interval)
+        self.scale = optimizer.add_variable((), tf.float32, tf.keras.initializers.Constant(initial_scale),
+                                            name="loss_scale")
+        self.finite_steps = optimizer.add_variable((), tf.int64, "zeros", name="loss_scale_finite_steps")
+        self.skipped_steps = optimizer.add_variable((), tf.int64, "zeros", name="loss_scale_skipped_steps")
+
+    def scale_loss(self, loss: tf.Tensor) -> tf.Tensor:
+        """``loss · scale`` (float32 scalar in, float32 scalar out)."""
+        return loss * self.scale
+
+    def unscale(self, gradients: List[Optional[tf.Tensor]]) -> List[Optional[tf.Tensor]]:
+        """Each float32 gradient divided by the scale (None stays None)."""
+        inverse = 1.0 / self.scale
+        return [None if g is None else g * tf.cast(inverse, g.dtype) for g in gradients]
+
+    @staticmethod
+    def all_finite(gradients: List[Optional[tf.Tensor]]) -> tf.Tensor:
+        """bool scalar: no NaN or infinity in any gradient."""
+        checks = [tf.reduce_all(tf.math.is_finite(g)) for g in gradients if g is not None]
+        return tf.reduce_all(tf.stack(checks)) if checks else tf.constant(True)
+
+    def update(self, finite: tf.Tensor) -> None:
+        """After a step: halve the scale (and count a skipped step) if ``finite`` is False; double it
+        after ``growth_interval`` finite steps in a row."""
+        grow = tf.logical_and(finite, self.finite_steps + 1 >= self.growth_interval)
+        self.scale.assign(tf.where(finite, tf.where(grow, self.scale * self.FACTOR, self.scale),
+                                   tf.maximum(self.scale / self.FACTOR, 1e-30)))
+        self.finite_steps.assign(tf.where(tf.logical_and(finite, tf.logical_not(grow)), self.finite_steps + 1,
+                                          tf.zeros_like(self.finite_steps)))
+        self.skipped_steps.assign_add(tf.where(finite, tf.constant(0, tf.int64), tf.constant(1, tf.int64)))
