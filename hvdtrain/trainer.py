@@ -1,4 +1,5 @@
-"""The training loop of one rank: compiled steps, exact global metrics, and hooks for saving.
+"""The training loop of one rank: epochs of compiled steps (:mod:`hvdtrain.step`), exact global
+metrics, and hooks for saving.
 
 :class:`Trainer` knows nothing of run directories or elastic jobs: what happens at a save point
 (a checkpoint, an elastic commit) is a callback's (:mod:`hvdtrain.callbacks`).
@@ -22,13 +23,7 @@ from hvdtrain.precision import DynamicLossScale
 from hvdtrain.runtime.dist import DistContext, in_collective
 from hvdtrain.runtime.watchdog import Watchdog
 from hvdtrain.state import TrainPosition
-
-
-def to_model_input(images: tf.Tensor) -> tf.Tensor:
-    """uint8 pixels ``(b, H, W, C)`` -> float32 in [0, 1]; float data passes through as float32."""
-    if images.dtype == tf.uint8:
-        return tf.cast(images, tf.float32) * (1.0 / 255.0)
-    return tf.cast(images, tf.float32)
+from hvdtrain.step import make_train_step, to_model_input
 
 
 def broadcast_state(ctx: DistContext, model: tf.keras.Model, optimizer) -> None:
@@ -103,7 +98,8 @@ class Trainer:
             # Local sums since the epoch began: [loss, correct predictions, examples], float64 so
             # that sums over an epoch stay exact.
             self._sums = tf.Variable(tf.zeros(3, tf.float64), trainable=False, name="epoch_sums")
-        self.train_step = self._make_train_step()
+        self.train_step, self.local_gradients = make_train_step(model, optimizer, ctx.size, self.x_train, self.y_train,
+                                                                self._sums, loss_scale, xla)
         self.eval_step = self._make_eval_step()
         self.count_non_finite = self._make_count_non_finite()
         self._moving_statistics = per_rank_moving_statistics(model)
@@ -111,67 +107,6 @@ class Trainer:
         self._non_finite_at_start = int(self.count_non_finite())
 
     # ---- compiled steps --------------------------------------------------------------------------
-    def _make_train_step(self):
-        model, optimizer, world_size = self.model, self.optimizer, float(self.ctx.size)
-        loss_scale, variables = self.loss_scale, model.trainable_variables
-
-        # The forward and backward pass: this rank's gradients, unscaled, and its metric sums. With
-        # --xla, XLA compiles it; the allreduce below stays outside (Horovod's ops are not XLA ops).
-        @tf.function(jit_compile=self.xla or None)
-        def local_gradients(images, labels, global_count):
-            with tf.GradientTape() as tape:
-                logits = model(images, training=True)
-                per_example, sums = loss_and_sums(logits, labels)
-                # Sum over the local batch scaled by world_size / global_count: Horovod averages the
-                # ranks' gradients, so the result is the gradient of the mean loss over the global
-                # batch, exact even when local batches differ in size (the last step of an epoch).
-                loss = tf.reduce_sum(per_example) * (world_size / global_count)
-                if model.losses:
-                    loss += tf.add_n(model.losses)
-                if loss_scale is not None:  # fp16: small gradients would flush to zero unscaled
-                    loss = loss_scale.scale_loss(loss)
-            gradients = tape.gradient(loss, variables)
-            if loss_scale is not None:  # unscaled before the allreduce, so that is in true units
-                gradients = loss_scale.unscale(gradients)
-            return gradients, sums
-
-        # What the forward pass itself updates (BatchNorm's moving statistics): a skipped fp16 step
-        # restores it, or one overflowing batch would leave them NaN for good.
-        forward_state = [v for v in model.non_trainable_variables if v.dtype.is_floating] if loss_scale else []
-
-        @tf.function(input_signature=[tf.TensorSpec([None], tf.int32), tf.TensorSpec([], tf.float32)])
-        def train_step(indices, global_count):
-            images = to_model_input(tf.gather(self.x_train, indices))
-            labels = tf.gather(self.y_train, indices)
-            saved = [tf.identity(v) for v in forward_state]  # read before the forward pass writes them
-            gradients, sums = local_gradients(images, labels, global_count)
-            # Average over the ranks by ring-allreduce: what the wrapper's compute_gradients does after
-            # the backward pass (with its local aggregation under backward_passes_per_step > 1).
-            gradients = optimizer._allreduce(gradients, variables)  # pylint: disable=protected-access
-            if loss_scale is None:
-                optimizer.apply_gradients(zip(gradients, variables))
-                self._sums.assign_add(sums)
-                return
-            # fp16: the allreduced gradients are alike on every rank, and non-finite on every rank
-            # if they were on any (hvdtrain.precision): every rank skips or applies the same step.
-            finite = loss_scale.all_finite(gradients)
-
-            def apply():
-                optimizer.apply_gradients(zip(gradients, variables))
-                self._sums.assign_add(sums)  # a skipped step's examples are left out of the metrics
-                return tf.constant(True)
-
-            def skip():
-                for variable, value in zip(forward_state, saved):
-                    variable.assign(value)
-                return tf.constant(False)
-
-            tf.cond(finite, apply, skip)
-            loss_scale.update(finite)
-
-        self.local_gradients = local_gradients  # the forward and backward pass, for inspection (XLA's IR)
-        return train_step
-
     def _make_eval_step(self):
         model = self.model
 

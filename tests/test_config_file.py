@@ -92,3 +92,23 @@ def test_a_run_records_its_settings_and_runs_again_from_them(tmp_path):
     assert written == config_to_yaml(expected)
     assert parse_command_line(["--config", str(run_dir / "config.yaml")])[0] == expected
     assert json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])["epoch"] == 1
+
+
+# Settings that conflict or are out of range, as flags: one error (argparse's for a bad choice).
+@pytest.mark.parametrize("flags, message", [
+    (["--optimizer", "rmsprop"], "argument --optimizer: invalid choice: 'rmsprop'"),
+    (["--optimizer", "adamw"], "--optimizer adamw needs --weight-decay > 0"),
+    (["--optimizer", "adam", "--nesterov"], "--nesterov applies to --optimizer sgd, not adam"),
+    (["--weight-decay", "-0.1"], "--weight-decay must be finite and >= 0, got -0.1"),
+    (["--clip-norm", "inf"], "--clip-norm must be finite and >= 0, got inf"),
+    (["--optimizer", "adam", "--weight-decay", "0.1"], "--optimizer adam with --weight-decay is AdamW"),
+    (["--optimizer", "adam", "--backward-passes-per-step", "2"],
+     "--optimizer adam cannot be combined with --backward-passes-per-step 2"),
+    (["--precision", "fp64"], "argument --precision: invalid choice: 'fp64'"),
+    (["--precision", "fp16", "--backward-passes-per-step", "2"],
+     "--precision fp16 cannot be combined with --backward-passes-per-step 2"),
+])
+def test_bad_settings_are_one_error(flags, message, capsys):
+    with pytest.raises((HvdtrainError, SystemExit)) as e:
+        parse_command_line(flags)
+    assert message in (str(e.value) if isinstance(e.value, HvdtrainError) else capsys.readouterr().err)

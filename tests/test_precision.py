@@ -6,8 +6,6 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from hvdtrain.cli import parse_command_line
-from hvdtrain.errors import HvdtrainError
 from hvdtrain.precision import DynamicLossScale
 from tests.oracle import assert_same_weights
 from tests.ranks import run_ranks
@@ -106,14 +104,3 @@ def test_mixed_precision_trains_as_fp32_on_fashion_mnist(tmp_path, precision, fa
     assert 0 <= skipped <= 20 and (precision == "fp16" or skipped == 0)
     global_batch = 2 * 128
     assert 0 <= fp32_mlp_metrics["train_examples"] - last["train_examples"] <= skipped * global_batch
-
-
-@pytest.mark.parametrize("flags, message", [
-    (["--precision", "fp64"], "argument --precision: invalid choice: 'fp64'"),
-    (["--precision", "fp16", "--backward-passes-per-step", "2"],
-     "--precision fp16 cannot be combined with --backward-passes-per-step 2"),
-])
-def test_bad_precision_settings_are_one_error(flags, message, capsys):
-    with pytest.raises((HvdtrainError, SystemExit)) as e:
-        parse_command_line(flags)
-    assert message in (str(e.value) if isinstance(e.value, HvdtrainError) else capsys.readouterr().err)

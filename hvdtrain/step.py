@@ -1,0 +1,124 @@
+"""The compiled training step of one rank: forward and backward pass, gradient allreduce, update.
+
+Three shapes of one step, picked by :func:`make_train_step`:
+
+* float32 and bf16 (the default): Horovod's wrapped ``compute_gradients`` runs the backward pass
+  and allreduces, then ``apply_gradients`` updates, in one ``tf.function``;
+* ``--xla``: the forward and backward pass is compiled by XLA (``jit_compile``); Horovod's
+  allreduce, which is no XLA op, and the update run after it, outside;
+* ``--precision fp16``: the loss is scaled before the backward pass and the gradients unscaled
+  before the allreduce; a step whose allreduced gradients are not finite is skipped on every rank
+  alike (:mod:`hvdtrain.precision`), and what its forward pass wrote is restored.
+"""
+from __future__ import annotations
+
+from typing import Callable, Optional, Tuple
+
+import tensorflow as tf
+
+from hvdtrain.metrics import loss_and_sums
+from hvdtrain.precision import DynamicLossScale
+
+
+def to_model_input(images: tf.Tensor) -> tf.Tensor:
+    """uint8 pixels ``(b, H, W, C)`` -> float32 in [0, 1]; float data passes through as float32."""
+    if images.dtype == tf.uint8:
+        return tf.cast(images, tf.float32) * (1.0 / 255.0)
+    return tf.cast(images, tf.float32)
+
+
+def make_train_step(model: tf.keras.Model, optimizer, world_size: int, x_train: tf.Tensor, y_train: tf.Tensor,
+                    sums: tf.Variable, loss_scale: Optional[DynamicLossScale] = None,
+                    xla: bool = False) -> Tuple[Callable, Optional[Callable]]:
+    """Build this rank's compiled training step.
+
+    Args:
+        model: the Keras model (float32 variables; any compute dtype).
+        optimizer: ``hvd.DistributedOptimizer``-wrapped Keras optimizer (a plain one trains without
+            collectives, on the default path only).
+        world_size: number of ranks: the local loss sum is scaled by ``world_size / global_count``.
+        x_train, y_train: the training set on this rank's device, ``(n, H, W, C)`` and ``(n,)`` int32.
+        sums: float64 ``(3,)`` variable that accumulates ``[loss, correct, count]`` of trained examples.
+        loss_scale: fp16's dynamic loss scale, or None.
+        xla: compile the forward and backward pass with XLA.
+
+    Returns:
+        ``(train_step, local_gradients)``: ``train_step(indices, global_count)`` (int32 ``(b,)``
+        indices of the local batch, float32 scalar examples in the global batch) runs one step;
+        ``local_gradients(images, labels, global_count)`` is the forward and backward pass of the
+        split shapes (for inspection of XLA's IR), None on the default path.
+    """
+    variables = model.trainable_variables
+
+    def scaled_loss(images, labels, global_count):
+        """The loss whose gradient, averaged over ranks, is the global batch's mean loss gradient."""
+        per_example, batch_sums = loss_and_sums(model(images, training=True), labels)
+        # Sum over the local batch scaled by world_size / global_count: Horovod averages the ranks'
+        # gradients, so the result is the gradient of the mean loss over the global batch, exact
+        # even when local batches differ in size (the last step of an epoch).
+        loss = tf.reduce_sum(per_example) * (float(world_size) / global_count)
+        if model.losses:
+            loss += tf.add_n(model.losses)
+        return loss, batch_sums
+
+    def batch(indices):
+        return to_model_input(tf.gather(x_train, indices)), tf.gather(y_train, indices)
+
+    signature = [tf.TensorSpec([None], tf.int32), tf.TensorSpec([], tf.float32)]
+    if loss_scale is None and not xla:
+        @tf.function(input_signature=signature)
+        def train_step(indices, global_count):
+            images, labels = batch(indices)
+            with tf.GradientTape() as tape:
+                loss, batch_sums = scaled_loss(images, labels, global_count)
+            # Allreduce (average) of the gradients happens in the wrapped compute_gradients.
+            optimizer.apply_gradients(optimizer.compute_gradients(loss, variables, tape=tape))
+            sums.assign_add(batch_sums)
+
+        return train_step, None
+
+    # This rank's gradients, unscaled, and its metric sums; XLA compiles it under --xla.
+    @tf.function(jit_compile=xla or None)
+    def local_gradients(images, labels, global_count):
+        with tf.GradientTape() as tape:
+            loss, batch_sums = scaled_loss(images, labels, global_count)
+            if loss_scale is not None:  # fp16: small gradients would flush to zero unscaled
+                loss = loss_scale.scale_loss(loss)
+        gradients = tape.gradient(loss, variables)
+        if loss_scale is not None:  # unscaled before the allreduce, so that is in true units
+            gradients = loss_scale.unscale(gradients)
+        return gradients, batch_sums
+
+    # What the forward pass itself writes (BatchNorm's moving statistics): a skipped fp16 step
+    # restores it, or one overflowing batch would leave them NaN for good.
+    forward_state = [v for v in model.non_trainable_variables if v.dtype.is_floating] if loss_scale else []
+
+    @tf.function(input_signature=signature)
+    def train_step(indices, global_count):
+        images, labels = batch(indices)
+        saved = [tf.identity(v) for v in forward_state]  # read before the forward pass writes them
+        gradients, batch_sums = local_gradients(images, labels, global_count)
+        # Horovod's ring-allreduce, as its wrapped compute_gradients runs it after the backward pass.
+        gradients = optimizer._allreduce(gradients, variables)  # pylint: disable=protected-access
+        if loss_scale is None:
+            optimizer.apply_gradients(zip(gradients, variables))
+            sums.assign_add(batch_sums)
+            return
+        # The allreduced gradients are alike on every rank, and non-finite on every rank if they
+        # were on any (hvdtrain.precision): every rank skips or applies the same step.
+        finite = loss_scale.all_finite(gradients)
+
+        def apply():
+            optimizer.apply_gradients(zip(gradients, variables))
+            sums.assign_add(batch_sums)  # a skipped step's examples are left out of the metrics
+            return tf.constant(True)
+
+        def skip():
+            for variable, value in zip(forward_state, saved):
+                variable.assign(value)
+            return tf.constant(False)
+
+        tf.cond(finite, apply, skip)
+        loss_scale.update(finite)
+
+    return train_step, local_gradients
