@@ -82,7 +82,7 @@ class Trainer:
         require_keras2(model, optimizer)  # Keras 3's gradients would not be averaged
         self.ctx, self.model, self.optimizer, self.plan = ctx, model, optimizer, plan
         self.backward_passes_per_step = backward_passes_per_step
-        self.loss_scale, self.xla = loss_scale, xla
+        self.loss_scale = loss_scale
         self.agree_on_writes = agree_on_writes
         self.watchdog = watchdog or Watchdog(lambda: ctx.rank, timeout_s=0)
         self.log_every, self.eval_batch_size = log_every, eval_batch_size
