@@ -6,7 +6,6 @@ from typing import List
 from hvdtrain import callbacks as cbs
 from hvdtrain.checkpoint import CheckpointManager
 from hvdtrain.config import Config, OptimConfig
-from hvdtrain.data.datasets import Dataset
 from hvdtrain.data.sharding import ShardPlan
 from hvdtrain.runtime.dist import DistContext
 from hvdtrain.state import TrainPosition
@@ -35,7 +34,7 @@ def chief_callbacks(config: Config, run_dir: str, manager: CheckpointManager, pl
     ]
 
 
-def banner(ctx: DistContext, config: Config, dataset: Dataset, plan: ShardPlan, schedule, model,
+def banner(ctx: DistContext, config: Config, dataset, plan: ShardPlan, schedule, model,
            run_dir: str, ckpt_dir: str, start: TrainPosition) -> str:
     """Rank 0's start-up lines: world size and pinning, data, batch arithmetic, learning rate,
     model, run directory and where training starts."""
@@ -50,8 +49,9 @@ def banner(ctx: DistContext, config: Config, dataset: Dataset, plan: ShardPlan, 
     return "\n".join([
         f"hvdtrain: world size {ctx.size} ({ctx.local_size} local rank(s) x {ctx.cross_size} host(s)), "
         f"device {ctx.device}, {ctx.intra_op_threads} thread(s) per rank",
-        f"data:  {dataset.name}: {len(dataset.y_train):,} train / {len(dataset.y_test):,} test, "
-        f"{'x'.join(map(str, dataset.input_shape))}, {dataset.num_classes} classes",
+        f"data:  {dataset.name}: {dataset.num_train:,} train / {dataset.num_test:,} test, "
+        f"{'x'.join(map(str, dataset.input_shape))}, {dataset.num_classes} classes"
+        + (f"; streamed by tf.data, augment {config.data.augment}" if config.data.streaming else "; in memory"),
         f"batch: local {plan.local_batch} x {ctx.size} rank(s) = global {plan.global_batch}; "
         f"{plan.steps_per_epoch} steps per epoch (last global batch {last}"
         + (f": the {leftover} example(s) left over, fewer than the ranks, join it" if leftover > 0 else "") + ")"

@@ -12,7 +12,7 @@ import traceback
 import time
 from typing import List, Optional, Tuple
 
-from hvdtrain.config import DATASETS, LR_SCHEDULES, OPTIMIZERS, PRECISIONS, Config, ConfigError
+from hvdtrain.config import AUGMENTATIONS, DATASETS, LR_SCHEDULES, OPTIMIZERS, PRECISIONS, Config, ConfigError
 from hvdtrain.config_file import config_from_flat, config_to_yaml, read_config_file
 from hvdtrain.errors import Ending, HvdtrainError, RunEnded, say
 from hvdtrain.runtime.dist import launcher_rank
@@ -93,9 +93,29 @@ def build_parser() -> argparse.ArgumentParser:
 
     g = p.add_argument_group("data and model")
     g.add_argument("--dataset", choices=DATASETS, default=d.data.dataset,
-                   help="idx: MNIST-family IDX directory; npz: keras.datasets-style .npz file; synthetic")
-    g.add_argument("--data-dir", default=d.data.data_dir, help="the IDX directory, or the .npz file for --dataset npz")
+                   help="in memory: idx (MNIST-family IDX directory), npz (keras.datasets-style .npz file), synthetic; "
+                        "streamed by tf.data: tfrecord (<data-dir>/train-*, test-*), folder "
+                        "(<data-dir>/train/<class>/*.jpg|png, test/<class>/...), function (--data)")
+    g.add_argument("--data-dir", default=d.data.data_dir,
+                   help="the IDX or TFRecord directory, the image folder, or the .npz file")
+    g.add_argument("--data", metavar="MODULE:FUNCTION", default=None,
+                   help="your own tf.data pipeline: package.module:function called as function(split='train'|'test', "
+                        "rank=, world_size=, seed=, epoch=) returning unbatched (image, label) pairs of the whole split")
     g.add_argument("--eval-batch-size", type=int, default=d.data.eval_batch_size, help="examples per evaluation batch per rank")
+    g.add_argument("--image-size", type=int, default=d.data.image_size,
+                   help="tfrecord/folder: resize to this square (center crop for evaluation); 0 keeps the stored "
+                        "size, which every image must share")
+    g.add_argument("--augment", choices=AUGMENTATIONS, default=d.data.augment,
+                   help="tfrecord/folder training augmentation: none, flip (left-right), standard (random-resized-crop "
+                        "and flip; needs --image-size)")
+    g.add_argument("--num-classes", type=int, default=d.data.num_classes,
+                   help="tfrecord/--data: the class count (0: max(label) + 1, every class present in training)")
+    g.add_argument("--tfrecord-image-key", default=d.data.tfrecord_image_key,
+                   help="tf.train.Example feature holding the encoded image (JPEG/PNG bytes)")
+    g.add_argument("--tfrecord-label-key", default=d.data.tfrecord_label_key,
+                   help="tf.train.Example feature holding the int64 class index")
+    g.add_argument("--shuffle-buffer", type=int, default=d.data.shuffle_buffer,
+                   help="tfrecord: records in each rank's shuffle buffer (the files' order is shuffled each epoch too)")
     g.add_argument("--model", default=d.model.name,
                    help="cnn, resnet20, or package.module:function returning an uncompiled tf.keras.Model "
                         "(called with input_shape=(H, W, C), num_classes=K) whose output is (batch, K) "
@@ -150,7 +170,10 @@ FLAG_SETTINGS = {
     "lr_schedule": "optim.lr_schedule", "fp16_allreduce": "optim.fp16_allreduce",
     "backward_passes_per_step": "optim.backward_passes_per_step",
     "precision": "compute.precision", "xla": "compute.xla",
-    "dataset": "data.dataset", "data_dir": "data.data_dir", "eval_batch_size": "data.eval_batch_size",
+    "dataset": "data.dataset", "data_dir": "data.data_dir", "data": "data.function",
+    "eval_batch_size": "data.eval_batch_size", "image_size": "data.image_size", "augment": "data.augment",
+    "num_classes": "data.num_classes", "tfrecord_image_key": "data.tfrecord_image_key",
+    "tfrecord_label_key": "data.tfrecord_label_key", "shuffle_buffer": "data.shuffle_buffer",
     "model": "model.name", "no_sync_bn": "!model.sync_bn",
     "log_dir": "log.dir", "log_every": "log.log_every", "no_progress": "!log.progress",
     "checkpoint_dir": "checkpoint.dir", "resume": "checkpoint.resume", "keep_checkpoints": "checkpoint.keep",
@@ -184,6 +207,8 @@ def parse_command_line(argv: Optional[List[str]] = None) -> Tuple[Config, bool]:
         value = getattr(given, dest)
         if value is not _NOT_GIVEN:
             from_flags[key.lstrip("!")] = (not value) if key.startswith("!") else value
+    if "data.function" in from_flags and "data.dataset" not in from_flags:
+        from_flags["data.dataset"] = "function"  # --data names a dataset of its own
     try:
         return config_from_flat({**from_file, **from_flags}), given.print_config
     except ConfigError as e:

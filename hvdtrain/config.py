@@ -11,7 +11,9 @@ from typing import Optional
 
 from hvdtrain.errors import HvdtrainError
 
-DATASETS = ("idx", "npz", "synthetic")
+DATASETS = ("idx", "npz", "synthetic", "tfrecord", "folder", "function")
+STREAMING_DATASETS = ("tfrecord", "folder", "function")  # read by tf.data as training runs
+AUGMENTATIONS = ("none", "flip", "standard")
 DEFAULT_DATA_DIR = "/usr/share/datasets/fashion-mnist"  # Debian's dataset-fashion-mnist
 LR_SCHEDULES = ("cosine", "linear", "step", "constant")
 OPTIMIZERS = ("sgd", "adam", "adamw")
@@ -51,19 +53,65 @@ class DataConfig:
     """Where the training data comes from.
 
     Attributes:
-        dataset: ``idx`` (MNIST-family directory), ``npz`` (keras.datasets-style file) or ``synthetic``.
-        data_dir: the IDX directory or the NPZ file; ignored for ``synthetic``.
+        dataset: in memory: ``idx`` (MNIST-family directory), ``npz`` (keras.datasets-style file)
+            or ``synthetic``; streamed by tf.data: ``tfrecord`` (shards), ``folder`` (images in
+            class folders) or ``function`` (the user's pipeline, ``function``).
+        data_dir: the IDX or TFRecord directory, the image folder, or the NPZ file.
+        function: ``package.module:function`` returning a ``tf.data.Dataset``
+            (:mod:`hvdtrain.data.function`), for ``dataset == "function"``.
         eval_batch_size: examples per evaluation batch on each rank.
+        image_size: ``tfrecord``/``folder``: side of the square images are resized to (center
+            crop for evaluation); 0 keeps the stored size, which every image must share.
+        augment: ``tfrecord``/``folder`` training: ``none``, ``flip`` (random left-right flip) or
+            ``standard`` (random-resized-crop and flip; needs ``image_size``).
+        num_classes: streamed datasets: the class count; 0 infers ``max(label) + 1`` (folders:
+            their class folders).
+        tfrecord_image_key, tfrecord_label_key: the ``tf.train.Example`` features of the encoded
+            image (bytes) and its class (int64).
+        shuffle_buffer: ``tfrecord``: records in each rank's shuffle buffer.
     """
 
     dataset: str = "idx"
     data_dir: str = DEFAULT_DATA_DIR
+    function: Optional[str] = None
     eval_batch_size: int = 1000
+    image_size: int = 0
+    augment: str = "none"
+    num_classes: int = 0
+    tfrecord_image_key: str = "image/encoded"
+    tfrecord_label_key: str = "image/class/label"
+    shuffle_buffer: int = 10000
+
+    @property
+    def streaming(self) -> bool:
+        """Read by tf.data as training runs (not held in memory)."""
+        return self.dataset in STREAMING_DATASETS
 
     def __post_init__(self):
         _check(self.dataset in DATASETS, "--dataset", f"one of {DATASETS}", self.dataset)
         _check(_is_int(self.eval_batch_size) and self.eval_batch_size >= 1, "--eval-batch-size", "an integer >= 1",
                self.eval_batch_size)
+        _check(_is_int(self.image_size) and self.image_size >= 0, "--image-size", "an integer >= 0", self.image_size)
+        _check(self.augment in AUGMENTATIONS, "--augment", f"one of {AUGMENTATIONS}", self.augment)
+        _check(_is_int(self.num_classes) and self.num_classes >= 0, "--num-classes", "an integer >= 0",
+               self.num_classes)
+        _check(_is_int(self.shuffle_buffer) and self.shuffle_buffer >= 1, "--shuffle-buffer", "an integer >= 1",
+               self.shuffle_buffer)
+        if (self.dataset == "function") != bool(self.function):
+            raise HvdtrainError("--data package.module:function is a dataset of its own: give it without --dataset"
+                                if self.function else "--dataset function needs --data package.module:function")
+        if self.function is not None:
+            _check(isinstance(self.function, str) and ":" in self.function, "--data", "'package.module:function'",
+                   self.function)
+        if self.dataset not in ("tfrecord", "folder") and (self.image_size or self.augment != "none"):
+            raise HvdtrainError(f"--image-size and --augment apply to --dataset tfrecord and folder (decoded by "
+                                f"hvdtrain), not {self.dataset}")
+        if self.augment == "standard" and not self.image_size:
+            raise HvdtrainError("--augment standard crops at random and resizes: it needs --image-size")
+        if self.num_classes and self.dataset not in ("tfrecord", "function"):
+            raise HvdtrainError(f"--num-classes applies to --dataset tfrecord and --data functions, not {self.dataset} "
+                                f"(whose classes are " + ("its class folders)" if self.dataset == "folder" else
+                                                          "max(label) + 1)"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -296,6 +344,10 @@ class Config:
             raise HvdtrainError(f"--precision fp16 cannot be combined with --backward-passes-per-step {passes}: a "
                                 f"pass whose gradients overflow would spoil the whole accumulated update; use "
                                 f"--precision bf16, which needs no loss scaling")
+        if self.elastic.enabled and self.data.streaming:
+            raise HvdtrainError(f"--elastic cannot be combined with the streamed --dataset {self.data.dataset} yet: "
+                                f"a change of world size moves the ranks' ranges of the stream; use an in-memory "
+                                f"dataset (idx, npz) or a fixed world size")
         if self.elastic.enabled and self.optim.backward_passes_per_step > 1:
             raise HvdtrainError(f"--elastic cannot be combined with --backward-passes-per-step "
                                 f"{self.optim.backward_passes_per_step}: a reset would drop half-accumulated "

@@ -185,7 +185,7 @@ class ElasticJob:
         require_checkpoint_dir(ckpt_dir)
         manager = CheckpointManager(ckpt_dir, self.model, self.optimizer, keep=config.checkpoint.keep)
         expected = {"batch_size": config.batch_size, "seed": config.seed, "data": self.fingerprint}
-        return restore_for_resume(config, manager, config.log.dir, expected, len(self.dataset.y_train), elastic=True)
+        return restore_for_resume(config, manager, config.log.dir, expected, self.dataset.num_train, elastic=True)
 
     def _train_once(self, state: TrainingState) -> dict:
         """Steps 5-8 with the current workers, from the state's position (after a sync)."""
@@ -203,7 +203,7 @@ class ElasticJob:
             broadcast_state(ctx, model, optimizer)
             state.resume_pending = False
             state.save()
-        n = len(self.dataset.y_train)
+        n = self.dataset.num_train
         plan = ShardPlan(n, config.batch_size, ctx.size, ctx.rank, seed=config.seed)
         start = state.position
         # The learning rate follows the world size; warmup and decay continue where they were.

@@ -13,7 +13,8 @@ import tensorflow as tf
 from hvdtrain import callbacks as cbs
 from hvdtrain.chief import banner, chief_callbacks
 from hvdtrain.config import Config
-from hvdtrain.data.datasets import data_mismatch, load_dataset
+from hvdtrain.data.datasets import data_mismatch
+from hvdtrain.data.loading import open_dataset
 from hvdtrain.data.sharding import ShardPlan
 from hvdtrain.elastic import ElasticJob
 from hvdtrain.errors import (Ending, EveryRankError, FoundHere, HvdtrainError, PeerFailure, PeerLost, RunEnded,
@@ -65,20 +66,20 @@ def run(config: Config) -> dict:
         # Same seed everywhere; initial weights are broadcast from rank 0 anyway (step 6).
         tf.keras.utils.set_random_seed(config.seed)
 
-        # 2. Data: every rank loads the (small, in-memory) dataset; the plan gives each rank a
-        #    disjoint shard per epoch and the same number of steps.
-        dataset = ctx.guarded("loading data", lambda: load_dataset(config.data.dataset, config.data.data_dir, config.seed))
+        # 2. Data: every rank opens the dataset (in memory, or streamed by tf.data); the plan gives
+        #    each rank a disjoint shard per epoch and the same number of steps.
+        dataset = open_dataset(ctx, config.data, config.seed, watchdog)
         # The shard plan assumes every rank holds the same examples (same steps per rank,
         # disjoint shards): a host with another copy of the data would hang or overlap.
         fingerprint = dataset.fingerprint()
         if not config.elastic.enabled:  # an elastic job checks after each state sync instead
             agree_on_data(ctx, fingerprint)
-        plan = ShardPlan(len(dataset.y_train), config.batch_size, ctx.size, ctx.rank, seed=config.seed)
+        plan = ShardPlan(dataset.num_train, config.batch_size, ctx.size, ctx.rank, seed=config.seed)
         passes = config.optim.backward_passes_per_step
         if config.epochs > 0:
             check_accumulation_fits_epochs(plan, passes)
-        if len(dataset.y_train) < plan.global_batch:
-            raise EveryRankError(f"{dataset.name}: {len(dataset.y_train)} training examples are fewer than one global "
+        if dataset.num_train < plan.global_batch:
+            raise EveryRankError(f"{dataset.name}: {dataset.num_train} training examples are fewer than one global "
                                  f"batch ({ctx.size} ranks x --batch-size {config.batch_size}); use a smaller --batch-size")
 
         # 3. Model, on this rank's device, in the configured precision (float32 variables).

@@ -12,7 +12,8 @@ Three shapes of one step, picked by :func:`make_train_step`:
 """
 from __future__ import annotations
 
-from typing import Callable, Optional, Tuple
+import dataclasses
+from typing import Callable, List, Optional, Tuple
 
 import tensorflow as tf
 
@@ -27,7 +28,35 @@ def to_model_input(images: tf.Tensor) -> tf.Tensor:
     return tf.cast(images, tf.float32)
 
 
-def make_train_step(model: tf.keras.Model, optimizer, world_size: int, x_train: tf.Tensor, y_train: tf.Tensor,
+@dataclasses.dataclass(frozen=True)
+class StepInputs:
+    """What a training step is called with, and how it makes the local batch of it.
+
+    Attributes:
+        signature: the ``tf.TensorSpec`` of each argument before ``global_count``.
+        batch: the arguments -> ``(images, labels)``: float32 ``(b, H, W, C)``, int32 ``(b,)``
+            (called inside the compiled step).
+    """
+
+    signature: List[tf.TensorSpec]
+    batch: Callable
+
+
+def gathered(x_train: tf.Tensor, y_train: tf.Tensor) -> StepInputs:
+    """Steps called with int32 ``(b,)`` indices into the training set held on the device,
+    ``(n, H, W, C)`` and ``(n,)`` int32: only the indices cross to the device each step."""
+    return StepInputs([tf.TensorSpec([None], tf.int32)],
+                      lambda indices: (to_model_input(tf.gather(x_train, indices)), tf.gather(y_train, indices)))
+
+
+def streamed(image_shape, image_dtype: tf.DType) -> StepInputs:
+    """Steps called with a batch from tf.data: images ``(b, *image_shape)`` of ``image_dtype`` and
+    int32 labels ``(b,)``."""
+    return StepInputs([tf.TensorSpec([None, *image_shape], image_dtype), tf.TensorSpec([None], tf.int32)],
+                      lambda images, labels: (to_model_input(images), labels))
+
+
+def make_train_step(model: tf.keras.Model, optimizer, world_size: int, inputs: StepInputs,
                     sums: tf.Variable, loss_scale: Optional[DynamicLossScale] = None,
                     xla: bool = False) -> Tuple[Callable, Optional[Callable]]:
     """Build this rank's compiled training step.
@@ -37,14 +66,14 @@ def make_train_step(model: tf.keras.Model, optimizer, world_size: int, x_train: 
         optimizer: ``hvd.DistributedOptimizer``-wrapped Keras optimizer (a plain one trains without
             collectives, on the default path only).
         world_size: number of ranks: the local loss sum is scaled by ``world_size / global_count``.
-        x_train, y_train: the training set on this rank's device, ``(n, H, W, C)`` and ``(n,)`` int32.
+        inputs: what the step is called with (:func:`gathered`, :func:`streamed`).
         sums: float64 ``(3,)`` variable that accumulates ``[loss, correct, count]`` of trained examples.
         loss_scale: fp16's dynamic loss scale, or None.
         xla: compile the forward and backward pass with XLA.
 
     Returns:
-        ``(train_step, local_gradients)``: ``train_step(indices, global_count)`` (int32 ``(b,)``
-        indices of the local batch, float32 scalar examples in the global batch) runs one step;
+        ``(train_step, local_gradients)``: ``train_step(*inputs, global_count)`` (the local batch
+        as ``inputs`` takes it, float32 scalar examples in the global batch) runs one step;
         ``local_gradients(images, labels, global_count)`` is the forward and backward pass of the
         split shapes (for inspection of XLA's IR), None on the default path.
     """
@@ -61,14 +90,12 @@ def make_train_step(model: tf.keras.Model, optimizer, world_size: int, x_train: 
             loss += tf.add_n(model.losses)
         return loss, batch_sums
 
-    def batch(indices):
-        return to_model_input(tf.gather(x_train, indices)), tf.gather(y_train, indices)
-
-    signature = [tf.TensorSpec([None], tf.int32), tf.TensorSpec([], tf.float32)]
+    signature = [*inputs.signature, tf.TensorSpec([], tf.float32)]
     if loss_scale is None and not xla:
         @tf.function(input_signature=signature)
-        def train_step(indices, global_count):
-            images, labels = batch(indices)
+        def train_step(*args):
+            *batch, global_count = args
+            images, labels = inputs.batch(*batch)
             with tf.GradientTape() as tape:
                 loss, batch_sums = scaled_loss(images, labels, global_count)
             # Allreduce (average) of the gradients happens in the wrapped compute_gradients.
@@ -94,8 +121,9 @@ def make_train_step(model: tf.keras.Model, optimizer, world_size: int, x_train: 
     forward_state = [v for v in model.non_trainable_variables if v.dtype.is_floating] if loss_scale else []
 
     @tf.function(input_signature=signature)
-    def train_step(indices, global_count):
-        images, labels = batch(indices)
+    def train_step(*args):
+        *batch, global_count = args
+        images, labels = inputs.batch(*batch)
         saved = [tf.identity(v) for v in forward_state]  # read before the forward pass writes them
         gradients, batch_sums = local_gradients(images, labels, global_count)
         # Horovod's ring-allreduce, as its wrapped compute_gradients runs it after the backward pass.

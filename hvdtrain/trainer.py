@@ -7,7 +7,7 @@ metrics, and hooks for saving.
 from __future__ import annotations
 
 import time
-from typing import List, Optional, Sequence
+from typing import List, Optional, Sequence, Union
 
 import numpy as np
 import tensorflow as tf
@@ -16,14 +16,15 @@ from hvdtrain import callbacks as cbs
 from hvdtrain.compat import require_keras2
 from hvdtrain.data.datasets import Dataset
 from hvdtrain.data.sharding import ShardPlan, eval_shard
-from hvdtrain.errors import EveryRankError
+from hvdtrain.data.stream import StreamingDataset
+from hvdtrain.errors import EveryRankError, HvdtrainError
 from hvdtrain.metrics import loss_and_sums, mean_metrics
 from hvdtrain.model.moving_statistics import per_rank_moving_statistics
 from hvdtrain.precision import DynamicLossScale
 from hvdtrain.runtime.dist import DistContext, in_collective
 from hvdtrain.runtime.watchdog import Watchdog
 from hvdtrain.state import TrainPosition
-from hvdtrain.step import make_train_step, to_model_input
+from hvdtrain.step import gathered, make_train_step, streamed, to_model_input
 
 
 def broadcast_state(ctx: DistContext, model: tf.keras.Model, optimizer) -> None:
@@ -46,14 +47,17 @@ def diverged(what: str) -> EveryRankError:
 class Trainer:
     """Runs epochs of data-parallel training on one rank.
 
-    The training set lives on this rank's device once; each step sends only the int32 indices of
-    the local batch (from the :class:`ShardPlan`), and the compiled step gathers the examples.
+    An in-memory training set lives on this rank's device once; each step sends only the int32
+    indices of the local batch (from the :class:`ShardPlan`), and the compiled step gathers the
+    examples. A :class:`StreamingDataset` is read by tf.data instead, one local batch of the
+    plan's size per step.
 
     Args:
         ctx: this process's distributed context.
         model: the Keras model (variables already broadcast from rank 0).
         optimizer: ``hvd.DistributedOptimizer``-wrapped optimizer, variables built and broadcast.
-        dataset: the whole dataset (every rank holds it; each reads only its shard per step).
+        dataset: the whole in-memory dataset (every rank holds it; each reads only its shard per
+            step), or a streaming one (each rank reads only its shard).
         plan: this rank's shard plan.
         log_every: steps between global running metrics.
         eval_batch_size: evaluation batch per rank.
@@ -74,8 +78,9 @@ class Trainer:
         ValueError: if a chief-only callback is given to another rank.
     """
 
-    def __init__(self, ctx: DistContext, model: tf.keras.Model, optimizer, dataset: Dataset, plan: ShardPlan,
-                 log_every: int = 50, eval_batch_size: int = 1000, callbacks: Optional[List[cbs.Callback]] = None,
+    def __init__(self, ctx: DistContext, model: tf.keras.Model, optimizer, dataset: Union[Dataset, StreamingDataset],
+                 plan: ShardPlan, log_every: int = 50, eval_batch_size: int = 1000,
+                 callbacks: Optional[List[cbs.Callback]] = None,
                  watchdog: Optional[Watchdog] = None, agree_on_writes: bool = False,
                  backward_passes_per_step: int = 1, loss_scale: Optional[DynamicLossScale] = None,
                  xla: bool = False):
@@ -89,17 +94,22 @@ class Trainer:
         self.callbacks = list(callbacks or [])
         if not ctx.is_chief and any(cb.chief_only for cb in self.callbacks):
             raise ValueError("chief-only callbacks given to a non-chief rank")
-        test = eval_shard(len(dataset.y_test), ctx.size, ctx.rank)
+        self.stream: Optional[StreamingDataset] = dataset if isinstance(dataset, StreamingDataset) else None
         with tf.device(ctx.device):
-            self.x_train = tf.constant(dataset.x_train)
-            self.y_train = tf.constant(dataset.y_train)
-            self.x_test = tf.constant(dataset.x_test[test])
-            self.y_test = tf.constant(dataset.y_test[test])
+            if self.stream is None:
+                test = eval_shard(dataset.num_test, ctx.size, ctx.rank)
+                self.x_train = tf.constant(dataset.x_train)
+                self.y_train = tf.constant(dataset.y_train)
+                self.x_test = tf.constant(dataset.x_test[test])
+                self.y_test = tf.constant(dataset.y_test[test])
+                inputs = gathered(self.x_train, self.y_train)
+            else:
+                inputs = streamed(dataset.input_shape, dataset.image_dtype)
             # Local sums since the epoch began: [loss, correct predictions, examples], float64 so
             # that sums over an epoch stay exact.
             self._sums = tf.Variable(tf.zeros(3, tf.float64), trainable=False, name="epoch_sums")
-        self.train_step, self.local_gradients = make_train_step(model, optimizer, ctx.size, self.x_train, self.y_train,
-                                                                self._sums, loss_scale, xla)
+        self.train_step, self.local_gradients = make_train_step(model, optimizer, ctx.size, inputs, self._sums,
+                                                                loss_scale, xla)
         self.eval_step = self._make_eval_step()
         self.count_non_finite = self._make_count_non_finite()
         self._moving_statistics = per_rank_moving_statistics(model)
@@ -108,15 +118,52 @@ class Trainer:
 
     # ---- compiled steps --------------------------------------------------------------------------
     def _make_eval_step(self):
+        """A compiled function: ``[loss, correct, count]`` sums of one evaluation batch, given as
+        ``(start, end)`` of the test shard in memory, or ``(images, labels)`` streamed."""
         model = self.model
+        if self.stream is None:
+            signature = [tf.TensorSpec([], tf.int32), tf.TensorSpec([], tf.int32)]
 
-        @tf.function(input_signature=[tf.TensorSpec([], tf.int32), tf.TensorSpec([], tf.int32)])
-        def eval_step(start, end):
-            images = to_model_input(self.x_test[start:end])
-            labels = self.y_test[start:end]
+            def batch(start, end):
+                return to_model_input(self.x_test[start:end]), self.y_test[start:end]
+        else:
+            inputs = streamed(self.stream.input_shape, self.stream.image_dtype)
+            signature, batch = inputs.signature, inputs.batch
+
+        @tf.function(input_signature=signature)
+        def eval_step(*args):
+            images, labels = batch(*args)
             return loss_and_sums(model(images, training=False), labels)[1]
 
         return eval_step
+
+    def _epoch_inputs(self, epoch: int, first: int, first_example: int):
+        """Yield ``(step, inputs, global_count)`` for the steps of ``epoch`` from ``first``: the
+        train step's arguments (:mod:`hvdtrain.step`) and the examples in the global batch.
+
+        Raises:
+            HvdtrainError: for a stream that fails (naming the example: file, record) or gives
+                fewer examples than counted, on this rank.
+        """
+        if self.stream is None:
+            for step, indices, global_count in self.plan.epoch(epoch, first, first_example):
+                yield step, (indices,), global_count
+            return
+        batches, sizes = self.stream.train_batches(self.plan, epoch, first)
+        iterator = iter(batches)
+        for step, size in enumerate(sizes, start=first):
+            try:
+                images, labels = next(iterator)
+            except StopIteration:
+                images = labels = None
+            except tf.errors.OpError as e:
+                raise self.stream.failed_step(e, self.plan, epoch, step, first) from None
+            if images is None or int(images.shape[0]) != size:
+                got = 0 if images is None else int(images.shape[0])
+                raise HvdtrainError(f"{self.stream.name}: rank {self.ctx.rank} got {got} example(s) at epoch {epoch + 1}, "
+                                    f"step {step + 1}, where {size} were planned: the data gave fewer examples this "
+                                    f"epoch than the {self.stream.num_train:,} counted at the start")
+            yield step, (images, labels), self.plan.global_batch_size(step)
 
     def _make_count_non_finite(self):
         """A compiled function: the number (int64 scalar) of NaN and infinite values in the model's
@@ -211,10 +258,18 @@ class Trainer:
     def evaluate(self) -> dict:
         """Loss and accuracy over the whole test set, each example counted once (a collective)."""
         sums = np.zeros(3)
-        n = int(self.y_test.shape[0])
-        for start in range(0, n, self.eval_batch_size):
-            sums += self.eval_step(start, min(start + self.eval_batch_size, n)).numpy()
-            self.watchdog.beat(f"evaluation batch at example {start}")
+        if self.stream is None:
+            n = int(self.y_test.shape[0])
+            for start in range(0, n, self.eval_batch_size):
+                sums += self.eval_step(start, min(start + self.eval_batch_size, n)).numpy()
+                self.watchdog.beat(f"evaluation batch at example {start}")
+        else:
+            try:
+                for images, labels in self.stream.test_batches(self.ctx.size, self.ctx.rank, self.eval_batch_size):
+                    sums += self.eval_step(images, labels).numpy()
+                    self.watchdog.beat("an evaluation batch")
+            except tf.errors.OpError as e:
+                raise self.stream.failed_evaluation(e, self.ctx.size, self.ctx.rank) from None
         return self._global_mean(sums, "hvdtrain.eval")
 
     def _write_hook(self, hook: str, *args) -> None:
@@ -286,11 +341,11 @@ class Trainer:
             carried = np.asarray(here.epoch_sums if here.mid_epoch and here.epoch_sums else np.zeros(3), np.float64)
             self._sums.assign(carried if self.ctx.is_chief else np.zeros(3))
             began = time.perf_counter()
-            for step, indices, global_count in self.plan.epoch(epoch, first, here.example):
+            for step, inputs, global_count in self._epoch_inputs(epoch, first, here.example):
                 if self.backward_passes_per_step > 1:
                     global_count = self._update_mean_count(step)
                 with in_collective(f"the allreduces of epoch {epoch + 1}, step {step + 1}"):
-                    self.train_step(indices, np.float32(global_count))
+                    self.train_step(*inputs, np.float32(global_count))
                 self.watchdog.beat(f"epoch {epoch + 1}, step {step + 1}")
                 running = None
                 if (step + 1) % self.log_every == 0:

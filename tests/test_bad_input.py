@@ -79,6 +79,38 @@ def resume_from(tmp, trained_run, model="tests.models:mlp", truncate=False, step
     return [*SYNTHETIC, "--model", model, "--batch-size", "64", "--epochs", "2", "--resume", "--log-dir", str(run_dir)]
 
 
+def image_folder(tmp, how):
+    """A small PNG folder, with an empty class folder or without its test split."""
+    from hvdtrain.data.datasets import make_synthetic
+    from tests.image_files import write_image_folder
+
+    d = make_synthetic(num_train=24, num_test=6, image_shape=(6, 6, 1), num_classes=3, seed=1)
+    root = write_image_folder(tmp / "images", d.x_train, d.y_train, d.x_test, d.y_test, fmt="png")
+    if how == "empty class":
+        (tmp / "images" / "train" / "class03").mkdir()
+    elif how == "no test split":
+        shutil.rmtree(tmp / "images" / "test")
+    return ["--dataset", "folder", "--data-dir", root, *MLP]
+
+
+def records(tmp, how):
+    """TFRecord shards of 9 and 7 records, one truncated or one record without its label."""
+    from tests.data.test_stream import write_records
+
+    (tmp / "records").mkdir()
+    train = write_records(tmp / "records", [9, 7])
+    write_records(tmp / "records", [3], prefix="test")
+    if how == "truncated":
+        with open(train[1], "r+b") as f:
+            f.truncate(os.path.getsize(train[1]) - 9)
+    elif how == "no label":
+        import tensorflow as tf
+
+        with tf.io.TFRecordWriter(train[0]) as writer:
+            writer.write(tf.train.Example().SerializeToString())
+    return ["--dataset", "tfrecord", "--data-dir", str(tmp / "records"), *MLP]
+
+
 def resume_stuck_re_save(tmp, trained_run):
     """A re-save interrupted between its renames left ``ckpt-N.old-<pid>``, and a regular file now
     sits at ``ckpt-N``: the checkpoint cannot be put back, and must not be lost."""
@@ -177,6 +209,26 @@ CASES = [
     ("config file that is not YAML", lambda t, r: run_file(t, "epochs: [1,\n"), "run.yaml is not valid YAML"),
     ("--elastic with gradient accumulation", lambda t, r: ["--elastic", "--backward-passes-per-step", "2"],
      "--elastic cannot be combined with --backward-passes-per-step 2"),
+    ("image folder with an empty class folder", lambda t, r: image_folder(t, "empty class"),
+     "images/train/class03 holds no images"),
+    ("image folder without a test split", lambda t, r: image_folder(t, "no test split"),
+     "no test split (a folder test/ or validation/ with the class folders)"),
+    ("TFRecord file truncated", lambda t, r: records(t, "truncated"),
+     "records/train-00001: truncated or corrupt after record 6"),
+    ("TFRecord record without the label key", lambda t, r: records(t, "no label"),
+     "records/train-00000: record 0: Feature: image/class/label (data type: int64) is required"),
+    ("TFRecord labels beyond --num-classes", lambda t, r: records(t, "") + ["--num-classes", "2"],
+     "labels must be in [0, 2), found range [0, 2]"),
+    ("data function that raises", lambda t, r: ["--data", "tests.datafns:raises", *MLP],
+     "the function raised FileNotFoundError: gs://no-such-bucket/train-*"),
+    ("data function returning batches", lambda t, r: ["--data", "tests.datafns:batched", *MLP],
+     "the dataset is batched (images (None, 4, 4, 1))"),
+    ("--data with --dataset", lambda t, r: ["--data", "tests.datafns:counted", "--dataset", "npz"],
+     "--data package.module:function is a dataset of its own: give it without --dataset"),
+    ("--augment standard without --image-size", lambda t, r: ["--dataset", "folder", "--augment", "standard"],
+     "--augment standard crops at random and resizes: it needs --image-size"),
+    ("--elastic with a streamed dataset", lambda t, r: ["--dataset", "tfrecord", "--elastic"],
+     "--elastic cannot be combined with the streamed --dataset tfrecord yet"),
 ]
 
 

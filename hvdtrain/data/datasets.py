@@ -53,6 +53,14 @@ class Dataset:
         """``(H, W, C)`` of one image."""
         return tuple(self.x_train.shape[1:])
 
+    @property
+    def num_train(self) -> int:
+        return len(self.y_train)
+
+    @property
+    def num_test(self) -> int:
+        return len(self.y_test)
+
     def fingerprint(self) -> dict:
         """What every rank of a job must agree on: sizes, image shape and dtype, classes, and a
         BLAKE2b digest (hex, 128 bits) of all images and labels. About 0.1 s for Fashion-MNIST."""
@@ -253,6 +261,32 @@ def validate(x_train, y_train, x_test, y_test, name: str, num_classes: int = 0) 
             raise HvdtrainError(f"{name}: {key} must have shape (n,), got {y.shape}")
         if len(y) != len(x):
             raise HvdtrainError(f"{name}: {len(x)} images but {len(y)} labels in {key}")
+    num_classes = check_labels(name, y_train, y_test, num_classes)
+    return Dataset(
+        x_train=np.ascontiguousarray(x_train),
+        y_train=y_train.astype(np.int32),
+        x_test=np.ascontiguousarray(x_test),
+        y_test=y_test.astype(np.int32),
+        num_classes=num_classes,
+        name=name,
+    )
+
+
+def check_labels(name: str, y_train: np.ndarray, y_test: np.ndarray, num_classes: int = 0) -> int:
+    """Check integer class labels and return the class count.
+
+    Args:
+        name: the dataset, for messages.
+        y_train, y_test: integer labels ``(n,)`` of the splits.
+        num_classes: label count; 0 infers ``max(label) + 1`` over both splits.
+
+    Returns:
+        ``num_classes``, inferred where it was 0.
+
+    Raises:
+        HvdtrainError: for an empty split, a label out of ``[0, num_classes)``, fewer than 2
+            classes, or a class with no training example when ``num_classes`` is inferred.
+    """
     if len(y_train) == 0 or len(y_test) == 0:
         raise HvdtrainError(f"{name}: empty dataset ({len(y_train)} training, {len(y_test)} test examples)")
     low = min(int(y_train.min()), int(y_test.min()))
@@ -272,14 +306,7 @@ def validate(x_train, y_train, x_test, y_test, name: str, num_classes: int = 0) 
             shown = ", ".join(map(str, first)) + (f" and {missing - 5} more" if missing > 5 else "")
             raise HvdtrainError(f"{name}: labels must be class indices 0..K-1 with every class in the training "
                                 f"set; the labels go up to {high}, but no training example has class {shown}")
-    return Dataset(
-        x_train=np.ascontiguousarray(x_train),
-        y_train=y_train.astype(np.int32),
-        x_test=np.ascontiguousarray(x_test),
-        y_test=y_test.astype(np.int32),
-        num_classes=num_classes,
-        name=name,
-    )
+    return num_classes
 
 
 def load_dataset(kind: str, data_dir: str, seed: int = 0) -> Dataset:

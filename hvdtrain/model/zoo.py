@@ -4,7 +4,6 @@ Every model maps float32 images ``(batch, H, W, C)`` scaled to [0, 1] to logits 
 """
 from __future__ import annotations
 
-import importlib
 import sys
 from typing import Callable, Optional, Tuple
 
@@ -12,6 +11,7 @@ import tensorflow as tf
 
 from hvdtrain.compat import require_keras2
 from hvdtrain.errors import HvdtrainError, say
+from hvdtrain.imports import import_function
 from hvdtrain.model.sync_bn import SyncBatchNormalization
 
 BUILTIN_MODELS = ("cnn", "resnet20")
@@ -175,20 +175,6 @@ def resnet20(input_shape: Tuple[int, int, int], num_classes: int, norm: Optional
     return tf.keras.Model(inputs, outputs, name="resnet20")
 
 
-def _import_model_fn(spec: str) -> Callable:
-    module_name, _, fn_name = spec.partition(":")
-    if not module_name or not fn_name:
-        raise HvdtrainError(f"--model {spec!r}: expected one of {BUILTIN_MODELS} or 'package.module:function'")
-    try:
-        module = importlib.import_module(module_name)
-    except (Exception, SystemExit) as e:  # noqa: BLE001 -- not found, or the user's module fails while importing
-        raise HvdtrainError(f"--model {spec!r}: cannot import module {module_name!r} ({type(e).__name__}: {e})") from None
-    fn = getattr(module, fn_name, None)
-    if not callable(fn):
-        raise HvdtrainError(f"--model {spec!r}: module {module_name!r} has no function {fn_name!r}")
-    return fn
-
-
 def build_model(spec: str, input_shape: Tuple[int, int, int], num_classes: int, sync_bn: bool = True,
                 seed: int = 0, rank: int = 0) -> tf.keras.Model:
     """Build the model named by ``--model``.
@@ -219,7 +205,9 @@ def build_model(spec: str, input_shape: Tuple[int, int, int], num_classes: int, 
         return resnet20(input_shape, num_classes, norm=norm_factory(sync_bn))
     if ":" not in spec:
         raise HvdtrainError(f"--model {spec!r}: unknown model; choose one of {BUILTIN_MODELS} or 'package.module:function'")
-    fn = _import_model_fn(spec)
+    if spec.startswith(":") or spec.endswith(":"):
+        raise HvdtrainError(f"--model {spec!r}: expected one of {BUILTIN_MODELS} or 'package.module:function'")
+    fn = import_function(spec, "--model")
     try:
         model = fn(input_shape=tuple(input_shape), num_classes=num_classes)
     except HvdtrainError:

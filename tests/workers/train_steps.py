@@ -51,7 +51,7 @@ def main():
     from hvdtrain.model.zoo import build_model
     from hvdtrain.optim import build_optimizer
     from hvdtrain.precision import DynamicLossScale, set_precision
-    from hvdtrain.step import make_train_step
+    from hvdtrain.step import gathered, make_train_step
     from hvdtrain.trainer import Trainer, broadcast_state
 
     sizes = [int(s) for s in a.sizes.split(",")]
@@ -79,7 +79,7 @@ def main():
         block = order_of(a.seed, len(x))[overflow_step * global_batch:(overflow_step + 1) * global_batch]
         x[block[sum(sizes[:ctx.rank]):sum(sizes[:ctx.rank + 1])]] *= 1e6
         trainer.x_train = tf.constant(x)
-        trainer.train_step, _ = make_train_step(model, optimizer, ctx.size, trainer.x_train, trainer.y_train,
+        trainer.train_step, _ = make_train_step(model, optimizer, ctx.size, gathered(trainer.x_train, trainer.y_train),
                                                 trainer._sums, loss_scale)
     order = order_of(a.seed, len(dataset.y_train))
     offset = sum(sizes[:ctx.rank])

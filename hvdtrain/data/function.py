@@ -1,0 +1,154 @@
+"""Your own tf.data pipeline: ``--data package.module:function``.
+
+The function is called as::
+
+    function(split="train" | "test", rank=r, world_size=R, seed=s, epoch=e) -> tf.data.Dataset
+
+and returns the whole split as *unbatched* ``(image, label)`` pairs: image ``(H, W, C)`` of a
+static shape, uint8 pixels (scaled to [0, 1] by hvdtrain) or float32 (passed to the model as
+they are); label an integer scalar in ``[0, K)``. It must give the same examples in the same
+order on every rank for the same ``(seed, epoch)`` -- shuffle with ``seed`` and ``epoch``, not
+unseeded -- and the same number every epoch. hvdtrain takes this rank's contiguous part of the
+stream (``skip``/``take``), batches it to the plan's local batch sizes and prefetches; ``rank`` and
+``world_size`` are for information (say, a per-rank cache path). Augment inside the function.
+
+The split's size is the dataset's ``cardinality()`` where tf.data knows it, else one pass counts
+it; the class count is ``--num-classes`` or, if 0, one pass over the training labels infers it.
+"""
+from __future__ import annotations
+
+import hashlib
+from typing import Callable
+
+import numpy as np
+import tensorflow as tf
+
+from hvdtrain.data.sharding import ShardPlan, eval_shard
+from hvdtrain.data.stream import ImageView, Split, StreamingDataset, local_sizes, rank_range, tf_message
+from hvdtrain.errors import HvdtrainError
+from hvdtrain.imports import import_function
+
+
+class FunctionSplit(Split):
+    """One split of a data function; see the module.
+
+    Args:
+        fn: the user's function.
+        spec: its ``package.module:function``, for messages.
+        split: ``"train"`` or ``"test"``.
+        rank, world_size, seed: passed on to it.
+        num_examples: the split's size.
+    """
+
+    decodes = False
+
+    def __init__(self, fn: Callable, spec: str, split: str, rank: int, world_size: int, seed: int,
+                 num_examples: int, image_dtype: tf.DType):
+        self.fn, self.spec, self.split = fn, spec, split
+        self.rank, self.world_size, self.seed = rank, world_size, seed
+        self.num_examples, self.image_dtype = num_examples, image_dtype
+
+    def call(self, epoch: int) -> tf.data.Dataset:
+        """The function's dataset for ``epoch``, its structure checked.
+
+        Raises:
+            HvdtrainError: if the function raises, or returns no ``tf.data.Dataset`` of
+                ``(image, label)`` as the module describes.
+        """
+        try:
+            data = self.fn(split=self.split, rank=self.rank, world_size=self.world_size, seed=self.seed, epoch=epoch)
+        except Exception as e:  # noqa: BLE001 -- the user's code: any error becomes one clear message
+            raise HvdtrainError(f"--data {self.spec}: the function raised {type(e).__name__}: {e} "
+                                f"(split {self.split!r}, epoch {epoch})") from None
+        check_structure(data, self.spec, self.split)
+        return data.map(lambda image, label: (image, tf.cast(label, tf.int32)))
+
+    def _positioned(self, data: tf.data.Dataset, first: int, count: int) -> tf.data.Dataset:
+        part = data.skip(first).take(count)
+        return tf.data.Dataset.zip((part, tf.data.Dataset.range(first, first + count))).map(
+            lambda example, key: (*example, key))
+
+    def rank_elements(self, plan: ShardPlan, epoch: int, first_step: int):
+        first, count = rank_range(plan)
+        sizes = local_sizes(plan, plan.rank)
+        done = sum(sizes[:first_step])
+        return self._positioned(self.call(epoch), first + done, count - done), sizes[first_step:]
+
+    def eval_elements(self, world_size: int, rank: int):
+        part = eval_shard(self.num_examples, world_size, rank)
+        return self._positioned(self.call(0), part.start, part.stop - part.start)
+
+    def origin(self, image, label, key) -> str:
+        return f"--data {self.spec}: example {int(key)} of split {self.split!r}"
+
+
+def check_structure(data, spec: str, split: str) -> None:
+    """Refuse what is not a dataset of unbatched ``(image (H, W, C), integer label)`` pairs.
+
+    Raises:
+        HvdtrainError: saying what the function returned instead.
+    """
+    where = f"--data {spec} (split {split!r})"
+    if not isinstance(data, tf.data.Dataset):
+        raise HvdtrainError(f"{where}: the function must return a tf.data.Dataset, got {type(data).__name__}")
+    spec_ = data.element_spec
+    if not isinstance(spec_, tuple) or len(spec_) != 2 or not all(isinstance(s, tf.TensorSpec) for s in spec_):
+        raise HvdtrainError(f"{where}: the dataset's elements must be (image, label) pairs of tensors, got {spec_}")
+    image, label = spec_
+    if image.shape.rank == 4:
+        raise HvdtrainError(f"{where}: the dataset is batched (images {image.shape}); return unbatched examples "
+                            f"(hvdtrain batches them to the plan's local batch sizes)")
+    if image.shape.rank != 3 or not image.shape.is_fully_defined():
+        raise HvdtrainError(f"{where}: images must have a static shape (H, W, C), got {image.shape} (resize in the "
+                            f"function, or set it with tf.ensure_shape)")
+    if image.dtype != tf.uint8 and not image.dtype.is_floating:
+        raise HvdtrainError(f"{where}: images must be uint8 or floating point, got {image.dtype.name}")
+    if label.shape.rank != 0 or not label.dtype.is_integer:
+        raise HvdtrainError(f"{where}: labels must be integer scalars (class indices), got {label.dtype.name} "
+                            f"of shape {label.shape}")
+
+
+def _count_and_labels(data: tf.data.Dataset, need_labels: bool):
+    """``(count, labels or None)`` of a dataset, by one pass where tf.data does not know its size."""
+    if not need_labels and data.cardinality() >= 0:
+        return int(data.cardinality()), None
+    labels = [batch.numpy() for batch in data.map(lambda image, label: label).batch(4096)]
+    labels = np.concatenate(labels) if labels else np.zeros(0, np.int32)
+    return len(labels), labels
+
+
+def open_function(spec: str, rank: int, world_size: int, seed: int, num_classes: int, check_labels) -> StreamingDataset:
+    """Open the user's data function ``spec`` as a :class:`StreamingDataset`.
+
+    Args:
+        check_labels: :func:`hvdtrain.data.datasets.check_labels`.
+
+    Raises:
+        HvdtrainError: for a function that cannot be imported, raises, returns the wrong
+            structure, splits whose image shapes differ, or labels out of range.
+    """
+    fn = import_function(spec, "--data")
+    splits, labels = {}, {}
+    for split in ("train", "test"):
+        probe = FunctionSplit(fn, spec, split, rank, world_size, seed, 0, tf.uint8)
+        data = probe.call(0)
+        try:
+            count, labels[split] = _count_and_labels(data, need_labels=not num_classes)
+        except tf.errors.OpError as e:
+            raise HvdtrainError(f"--data {spec}: reading split {split!r} failed: {tf_message(e)}") from None
+        image = data.element_spec[0]
+        splits[split] = FunctionSplit(fn, spec, split, rank, world_size, seed, count, image.dtype)
+        splits[split].shape = tuple(image.shape.as_list())
+    train, test = splits["train"], splits["test"]
+    if train.shape != test.shape or train.image_dtype != test.image_dtype:
+        raise HvdtrainError(f"--data {spec}: train images are {train.image_dtype.name} {train.shape}, test images "
+                            f"{test.image_dtype.name} {test.shape}; they must be alike")
+    name = f"data:{spec}"
+    if num_classes:
+        if not train.num_examples or not test.num_examples:
+            raise HvdtrainError(f"{name}: empty split ({train.num_examples} training, {test.num_examples} test examples)")
+    else:
+        num_classes = check_labels(name, labels["train"], labels["test"], 0)
+    digest = hashlib.blake2b(f"{spec}:{train.shape}:{train.image_dtype.name}".encode(), digest_size=16)
+    view = ImageView(0, "none", train.shape)
+    return StreamingDataset(name, train, test, num_classes, view, seed, {"digest": digest.hexdigest()})

@@ -1,0 +1,252 @@
+"""Streaming datasets: examples read from files by tf.data while training runs, never held whole.
+
+A :class:`StreamingDataset` pairs a training and a test :class:`Split` (an image folder, TFRecord
+shards, or the user's own ``tf.data`` function) with how images become the model's input
+(:class:`ImageView`). Each epoch it builds this rank's pipeline:
+
+    this rank's elements, in its order (the split's)  ->  decode, crop, augment
+    (``num_parallel_calls=AUTOTUNE``, deterministic)  ->  local batches of the plan's sizes  ->  prefetch
+
+The local batch sizes are the :class:`~hvdtrain.data.sharding.ShardPlan`'s, so every rank runs
+the same steps, each global batch holds the same number of examples as in memory, and every
+example of an epoch is read by exactly one rank. Which examples a rank reads is the split's
+(:meth:`Split.rank_elements`): an image folder reads the plan's own indices (the in-memory order,
+exactly); TFRecord shards and a data function read one contiguous range of the epoch's stream per
+rank.
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import List, Sequence, Tuple
+
+import tensorflow as tf
+
+from hvdtrain.data import images
+from hvdtrain.data.sharding import ShardPlan
+from hvdtrain.errors import HvdtrainError
+
+
+@dataclasses.dataclass(frozen=True)
+class ImageView:
+    """How stored images become the model's input.
+
+    Attributes:
+        image_size: side of the square the model sees (resized); 0 keeps the stored size.
+        augment: ``none``, ``flip`` or ``standard`` (:func:`hvdtrain.data.images.preprocess`).
+        stored_shape: ``(H, W, C)`` of the first training image: every image's, when
+            ``image_size`` is 0; its ``C`` is every image's channel count.
+    """
+
+    image_size: int
+    augment: str
+    stored_shape: Tuple[int, int, int]
+
+    @property
+    def channels(self) -> int:
+        return self.stored_shape[2]
+
+    @property
+    def input_shape(self) -> Tuple[int, int, int]:
+        """``(H, W, C)`` of the model's input."""
+        if self.image_size:
+            return (self.image_size, self.image_size, self.channels)
+        return tuple(self.stored_shape)
+
+
+class Split:
+    """One split of a streaming dataset: its size and this rank's elements.
+
+    An element is a tuple that :meth:`prepare` and :meth:`load` make an image (encoded bytes, or
+    uint8 or float ``(H, W, C)``) and an integer label of; its last item is a unique int64 key,
+    which seeds its augmentation and names it in errors (:meth:`origin`).
+    """
+
+    num_examples: int
+    decodes = True  # False: the elements already hold images (a data function's)
+
+    def rank_elements(self, plan: ShardPlan, epoch: int, first_step: int) -> Tuple[tf.data.Dataset, List[int]]:
+        """This rank's elements from ``first_step`` to the end of ``epoch``, in its order, and its
+        local batch size at each of those steps (the plan's)."""
+        raise NotImplementedError
+
+    def eval_elements(self, world_size: int, rank: int) -> tf.data.Dataset:
+        """This rank's part of the split for evaluation (:func:`eval_shard`'s, each example once)."""
+        raise NotImplementedError
+
+    def prepare(self, elements: tf.data.Dataset) -> tf.data.Dataset:
+        """Elements -> ``(raw, label, key)`` examples (vectorized where the split can)."""
+        return elements
+
+    def load(self, raw: tf.Tensor) -> tf.Tensor:
+        """One example's ``raw`` -> its encoded image (bytes) when :attr:`decodes`, else its image."""
+        return raw
+
+    def origin(self, *element) -> str:
+        """Where an element comes from, for an error message (eager)."""
+        raise NotImplementedError
+
+
+def local_sizes(plan: ShardPlan, rank: int) -> List[int]:
+    """``rank``'s local batch size at every step of an epoch (ints, ``plan.steps_per_epoch``)."""
+    sizes = []
+    for step in range(plan.steps_per_epoch):
+        local = plan.local_slice(step, rank)
+        sizes.append(local.stop - local.start)
+    return sizes
+
+
+def rank_range(plan: ShardPlan) -> Tuple[int, int]:
+    """``(first, count)``: the contiguous range of an epoch's stream of ``plan.num_examples`` that
+    this rank reads, when whole ranges are the unit: ranks in order, each as many examples as
+    the plan's local batches add up to."""
+    counts = [sum(local_sizes(plan, r)) for r in range(plan.world_size)]
+    return sum(counts[:plan.rank]), counts[plan.rank]
+
+
+class StreamingDataset:
+    """A classification dataset streamed from files (or the user's pipeline) by tf.data.
+
+    Args:
+        name: where it comes from, for the banner.
+        train, test: the splits.
+        num_classes: ``K``; labels are int32 in ``[0, K)``.
+        view: how images become the model's input.
+        seed: the run's seed (augmentation, TFRecord shuffles).
+        identity: what every rank must agree on, besides the sizes (a digest of the file list).
+    """
+
+    def __init__(self, name: str, train: Split, test: Split, num_classes: int, view: ImageView, seed: int,
+                 identity: dict):
+        self.name, self.train, self.test = name, train, test
+        self.num_classes, self.view, self.seed = num_classes, view, seed
+        self._identity = identity
+
+    @property
+    def num_train(self) -> int:
+        return self.train.num_examples
+
+    @property
+    def num_test(self) -> int:
+        return self.test.num_examples
+
+    @property
+    def input_shape(self) -> Tuple[int, int, int]:
+        return self.view.input_shape
+
+    @property
+    def image_dtype(self) -> tf.DType:
+        """The dtype of the batches' images (uint8 unless a data function gives floats)."""
+        return getattr(self.train, "image_dtype", tf.uint8)
+
+    def fingerprint(self) -> dict:
+        """What every rank must agree on (as :meth:`hvdtrain.data.datasets.Dataset.fingerprint`)."""
+        return {"train_examples": self.num_train, "test_examples": self.num_test,
+                "image_shape": list(self.input_shape), "dtype": self.image_dtype.name,
+                "num_classes": int(self.num_classes), **self._identity}
+
+    # ---- pipelines -------------------------------------------------------------------------------
+    def _decode(self, split: Split, training: bool, epoch: int):
+        """The per-example map: ``(raw, label, key) -> (image, label)``, the image decoded and
+        preprocessed (:mod:`hvdtrain.data.images`) where the split holds encoded images."""
+        view, seed = self.view, self.seed
+        randomized = training and view.augment != "none"
+
+        def decode(raw, label, key):
+            image = split.load(raw)
+            if split.decodes:
+                image = images.decode(image, view.channels)
+                image = images.preprocess(image, training, view.augment, view.image_size, view.stored_shape,
+                                          images.example_seed(seed, epoch, key) if randomized else None)
+            return image, label
+
+        return decode
+
+    def _check_labels(self, images_, labels):
+        """Refuse labels outside ``[0, num_classes)`` (vectorized, on a batch or one example)."""
+        tf.debugging.assert_non_negative(labels, message="label below 0")
+        tf.debugging.assert_less(labels, tf.constant(self.num_classes, labels.dtype),
+                                 message=f"label not below the {self.num_classes} classes")
+        return images_, tf.cast(labels, tf.int32)
+
+    def _pipeline(self, split: Split, elements: tf.data.Dataset, training: bool, epoch: int,
+                  sizes: Sequence[int]) -> tf.data.Dataset:
+        """Decode in parallel, in order, then cut batches of ``sizes`` (the last may differ)."""
+        data = split.prepare(elements).map(self._decode(split, training, epoch), num_parallel_calls=tf.data.AUTOTUNE,
+                                           deterministic=True)
+        data = data.batch(max(sizes)).rebatch(tf.constant(sizes, tf.int64))  # rebatch cycles through the sizes
+        return data.map(self._check_labels).prefetch(tf.data.AUTOTUNE)
+
+    def train_batches(self, plan: ShardPlan, epoch: int, first_step: int = 0) -> Tuple[tf.data.Dataset, List[int]]:
+        """This rank's local batches ``(images, labels)`` from ``first_step`` to the end of
+        ``epoch``, one per step, and their sizes (the plan's local batch sizes).
+
+        Images are uint8 ``(b, H, W, C)`` (the view's input shape; a data function's own dtype),
+        labels int32 ``(b,)``.
+        """
+        elements, sizes = self.train.rank_elements(plan, epoch, first_step)
+        if not sizes:
+            return tf.data.Dataset.from_tensors(0).take(0), sizes
+        return self._pipeline(self.train, elements, True, epoch, sizes), sizes
+
+    def test_batches(self, world_size: int, rank: int, batch_size: int) -> tf.data.Dataset:
+        """This rank's part of the test split (each example once over all ranks) in batches
+        ``(images, labels)`` of up to ``batch_size``."""
+        elements = self.test.eval_elements(world_size, rank)
+        return self._pipeline(self.test, elements, False, 0, [batch_size])
+
+    # ---- what went wrong -------------------------------------------------------------------------
+    def failed_step(self, error: Exception, plan: ShardPlan, epoch: int, step: int, first_step: int) -> HvdtrainError:
+        """The error for a pipeline that failed at ``step``: decodes this rank's examples of that
+        step one by one (eagerly: only after a failure) and names the first that fails."""
+        elements, sizes = self.train.rank_elements(plan, epoch, first_step)
+        before = sum(sizes[:step - first_step])
+        return self._find_failure(error, self.train, elements.skip(before).take(sizes[step - first_step]), True,
+                                  epoch, f"epoch {epoch + 1}, step {step + 1}")
+
+    def failed_evaluation(self, error: Exception, world_size: int, rank: int) -> HvdtrainError:
+        """The error for an evaluation pipeline that failed (as :meth:`failed_step`)."""
+        return self._find_failure(error, self.test, self.test.eval_elements(world_size, rank), False, 0,
+                                  "evaluation")
+
+    def _find_failure(self, error: Exception, split: Split, elements: tf.data.Dataset, training: bool, epoch: int,
+                      where: str) -> HvdtrainError:
+        decode = self._decode(split, training, epoch)
+        element = None
+        try:
+            for element in elements:
+                for example in split.prepare(tf.data.Dataset.from_tensors(element)).map(decode):
+                    self._check_labels(*example)
+        except (tf.errors.OpError, ValueError) as e:
+            what = split.origin(*element) if element is not None else "reading the data"
+            hint = ("; images of different sizes need --image-size" if split.decodes and not self.view.image_size
+                    and "expected shape" in str(e) else "")
+            return HvdtrainError(f"{what}: {tf_message(e)} ({where}){hint}")
+        return HvdtrainError(f"the input pipeline failed at {where}: {tf_message(error)}")
+
+
+def tf_message(error: Exception) -> str:
+    """TensorFlow's message without its op, function and iterator decoration."""
+    message = getattr(error, "message", None) or str(error)
+    message = re.sub(r"\{\{[^}]*\}\}", "", message.split("\n")[0])
+    message = re.sub(r"^.*Iterator::\S+: ", "", message)
+    for marker in ("Condition x", "[Op:", "\t"):
+        message = message.split(marker)[0]
+    return message.strip().rstrip(".; ") or type(error).__name__
+
+
+def contiguous_segments(counts: Sequence[int], order: Sequence[int], first: int, count: int) -> List[Tuple[int, int, int]]:
+    """The positions ``[first, first + count)`` of a stream of files read in ``order`` (``counts``
+    records each) as ``(file, skip, take)`` segments: records ``skip .. skip + take`` of ``file``."""
+    segments, position = [], 0
+    end = first + count
+    for f in order:
+        n = counts[f]
+        lo, hi = max(first, position), min(end, position + n)
+        if lo < hi:
+            segments.append((int(f), int(lo - position), int(hi - lo)))
+        position += n
+        if position >= end:
+            break
+    return segments
+

@@ -1,0 +1,27 @@
+"""Importing a user's ``package.module:function`` (a model, a data pipeline)."""
+from __future__ import annotations
+
+import importlib
+from typing import Callable
+
+from hvdtrain.errors import HvdtrainError
+
+
+def import_function(spec: str, flag: str) -> Callable:
+    """The function ``spec`` (``"package.module:function"``) names, given by ``flag``.
+
+    Raises:
+        HvdtrainError: naming ``flag`` and ``spec``, for a malformed spec, a module that cannot be
+            imported (or fails while importing), or a name that is not a callable in it.
+    """
+    module_name, _, fn_name = spec.partition(":")
+    if not module_name or not fn_name:
+        raise HvdtrainError(f"{flag} {spec!r}: expected 'package.module:function'")
+    try:
+        module = importlib.import_module(module_name)
+    except (Exception, SystemExit) as e:  # noqa: BLE001 -- not found, or the user's module fails while importing
+        raise HvdtrainError(f"{flag} {spec!r}: cannot import module {module_name!r} ({type(e).__name__}: {e})") from None
+    fn = getattr(module, fn_name, None)
+    if not callable(fn):
+        raise HvdtrainError(f"{flag} {spec!r}: module {module_name!r} has no function {fn_name!r}")
+    return fn

@@ -1,0 +1,1 @@
+"""Command-line tools around training: ``python -m hvdtrain.tools.<name> --help``."""
