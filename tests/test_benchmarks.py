@@ -295,3 +295,28 @@ def test_bad_counts_are_refused(argv, message, tmp_path):
     assert message in result.stderr
     assert "Traceback" not in result.stderr
     assert not list(tmp_path.iterdir())  # nothing started, nothing written
+
+
+def test_input_pipeline_ratios_to_in_memory(tmp_path):
+    out = script("input_pipeline.py", "--train-examples", "512", "--rounds", "1", "--batch-size", "32",
+                 tmp_path=tmp_path)
+    alone, training = tables(out)
+    assert [(r["dataset"], r["augment"]) for r in alone] == [("folder", "none"), ("folder", "standard"),
+                                                             ("tfrecord", "none"), ("tfrecord", "standard")]
+    assert all(number(r["pipeline alone, img/s on one core"]) > 0 for r in alone)
+    in_memory = number(training[0]["round 1 img/s"])
+    assert [r["data"] for r in training] == ["in memory (npz)", "folder", "tfrecord"]
+    for r in training:
+        assert close(number(r["round 1 img/s"]) / in_memory, number(r["/ in memory (median)"]), rel=0.01)
+    assert f"{in_memory / 2:,.0f} img/s per rank" in out
+
+
+def test_stream_memory_peak_rss_per_rank(tmp_path):
+    out = script("stream_memory.py", "--base", "100", "--factors", "1", "2", tmp_path=tmp_path)
+    (table,) = tables(out)
+    assert [r["training set"].split(":")[0] for r in table] == ["1x", "2x"]
+    for r in table:
+        streamed = [number(v) for v in r["streamed (folder): peak RSS MiB, rank 0 / 1"].split("/")]
+        in_memory = [number(v) for v in r["in memory (npz): peak RSS MiB, rank 0 / 1"].split("/")]
+        assert len(streamed) == len(in_memory) == 2 and min(streamed + in_memory) > 100
+        assert close(max(streamed) / max(in_memory), number(r["streamed / in memory"]), rel=0.01)
