@@ -209,6 +209,8 @@ def parse_command_line(argv: Optional[List[str]] = None) -> Tuple[Config, bool]:
             from_flags[key.lstrip("!")] = (not value) if key.startswith("!") else value
     if "data.function" in from_flags and "data.dataset" not in from_flags:
         from_flags["data.dataset"] = "function"  # --data names a dataset of its own
+    if from_flags.get("data.dataset", "function") != "function" and "data.function" not in from_flags:
+        from_flags["data.function"] = None  # --dataset replaces a run file's --data
     try:
         return config_from_flat({**from_file, **from_flags}), given.print_config
     except ConfigError as e:

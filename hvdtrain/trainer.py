@@ -27,6 +27,9 @@ from hvdtrain.state import TrainPosition
 from hvdtrain.step import gathered, make_train_step, streamed, to_model_input
 
 
+FIRST_BATCH_MAX_S = 3600.0  # how long the stall check waits for a stream's first batch of an epoch
+
+
 def broadcast_state(ctx: DistContext, model: tf.keras.Model, optimizer) -> None:
     """Overwrite every rank's model and optimizer variables with rank 0's (a collective).
 
@@ -149,8 +152,10 @@ class Trainer:
             for step, indices, global_count in self.plan.epoch(epoch, first, first_example):
                 yield step, (indices,), global_count
             return
-        batches, sizes = self.stream.train_batches(self.plan, epoch, first)
+        batches, sizes = self.stream.train_batches(self.plan, epoch, first, threads=self.ctx.intra_op_threads)
         iterator = iter(batches)
+        # Filling a shuffle buffer, or a resumed epoch reading up to where it stopped, is no stall.
+        self.watchdog.pause(f"reading the first batch of epoch {epoch + 1}", FIRST_BATCH_MAX_S)
         for step, size in enumerate(sizes, start=first):
             try:
                 images, labels = next(iterator)
@@ -265,7 +270,8 @@ class Trainer:
                 self.watchdog.beat(f"evaluation batch at example {start}")
         else:
             try:
-                for images, labels in self.stream.test_batches(self.ctx.size, self.ctx.rank, self.eval_batch_size):
+                for images, labels in self.stream.test_batches(self.ctx.size, self.ctx.rank, self.eval_batch_size,
+                                                               self.ctx.intra_op_threads):
                     sums += self.eval_step(images, labels).numpy()
                     self.watchdog.beat("an evaluation batch")
             except tf.errors.OpError as e:

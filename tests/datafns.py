@@ -61,3 +61,7 @@ def shrinks(split, rank, world_size, seed, epoch):
     """Fashion's slice, but one example fewer from the second epoch on."""
     data = fashion(split, rank, world_size, seed, epoch)
     return data.take(SLICE - 1) if split == "train" and epoch > 0 else data
+
+
+def infinite(split, rank, world_size, seed, epoch):
+    return counted(split, rank, world_size, seed, epoch).repeat()

@@ -55,10 +55,12 @@ class Dataset:
 
     @property
     def num_train(self) -> int:
+        """Training examples."""
         return len(self.y_train)
 
     @property
     def num_test(self) -> int:
+        """Test examples."""
         return len(self.y_test)
 
     def fingerprint(self) -> dict:

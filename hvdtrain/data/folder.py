@@ -105,6 +105,11 @@ def first_image_shape(path: str) -> Tuple[int, int, int]:
 def open_folder(data_dir: str, image_size: int, augment: str, seed: int) -> StreamingDataset:
     """Open ``data_dir`` as an image folder dataset (nothing is decoded but the first image).
 
+    Args:
+        data_dir: holds ``train/<class>/`` and ``test/<class>/`` (or ``validation/``).
+        image_size, augment: the :class:`ImageView`'s.
+        seed: the run's seed (augmentation).
+
     Raises:
         HvdtrainError: see :func:`list_split`; also for a missing test split or an unreadable
             first image.

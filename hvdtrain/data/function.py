@@ -9,7 +9,10 @@ static shape, uint8 pixels (scaled to [0, 1] by hvdtrain) or float32 (passed to 
 they are); label an integer scalar in ``[0, K)``. It must give the same examples in the same
 order on every rank for the same ``(seed, epoch)`` -- shuffle with ``seed`` and ``epoch``, not
 unseeded -- and the same number every epoch. hvdtrain takes this rank's contiguous part of the
-stream (``skip``/``take``), batches it to the plan's local batch sizes and prefetches; ``rank`` and
+stream (``skip``/``take``: a rank, and a resumed epoch, reads through the examples before its
+part, so keep costly work where skipping is cheap -- decode after ``skip`` is not possible here,
+decode in a ``map`` the skipped elements still pass through), batches it to the plan's local
+batch sizes and prefetches; ``rank`` and
 ``world_size`` are for information (say, a per-rank cache path). Augment inside the function.
 
 The split's size is the dataset's ``cardinality()`` where tf.data knows it, else one pass counts
@@ -38,6 +41,7 @@ class FunctionSplit(Split):
         split: ``"train"`` or ``"test"``.
         rank, world_size, seed: passed on to it.
         num_examples: the split's size.
+        image_dtype: its images' dtype (uint8 or floating point).
     """
 
     decodes = False
@@ -61,7 +65,7 @@ class FunctionSplit(Split):
             raise HvdtrainError(f"--data {self.spec}: the function raised {type(e).__name__}: {e} "
                                 f"(split {self.split!r}, epoch {epoch})") from None
         check_structure(data, self.spec, self.split)
-        return data.map(lambda image, label: (image, tf.cast(label, tf.int32)))
+        return data  # labels keep their dtype until the range check (a uint64 cast to int32 could wrap)
 
     def _positioned(self, data: tf.data.Dataset, first: int, count: int) -> tf.data.Dataset:
         part = data.skip(first).take(count)
@@ -109,7 +113,14 @@ def check_structure(data, spec: str, split: str) -> None:
 
 
 def _count_and_labels(data: tf.data.Dataset, need_labels: bool):
-    """``(count, labels or None)`` of a dataset, by one pass where tf.data does not know its size."""
+    """``(count, labels or None)`` of a dataset, by one pass where tf.data does not know its size.
+
+    Raises:
+        HvdtrainError: for an infinite dataset (``.repeat()``), whose pass would never end.
+    """
+    if data.cardinality() == tf.data.INFINITE_CARDINALITY:
+        raise HvdtrainError("the dataset is infinite (.repeat()?): return one pass of the split; hvdtrain makes "
+                            "the epochs")
     if not need_labels and data.cardinality() >= 0:
         return int(data.cardinality()), None
     labels = [batch.numpy() for batch in data.map(lambda image, label: label).batch(4096)]
@@ -120,7 +131,13 @@ def _count_and_labels(data: tf.data.Dataset, need_labels: bool):
 def open_function(spec: str, rank: int, world_size: int, seed: int, num_classes: int, check_labels) -> StreamingDataset:
     """Open the user's data function ``spec`` as a :class:`StreamingDataset`.
 
+    Calls it for each split at epoch 0 and reads each through once where its size (or, without
+    ``num_classes``, its labels) is not known otherwise.
+
     Args:
+        spec: ``package.module:function`` (``--data``).
+        rank, world_size, seed: passed on to the function.
+        num_classes: the class count; 0 infers it from the training labels.
         check_labels: :func:`hvdtrain.data.datasets.check_labels`.
 
     Raises:
@@ -134,6 +151,8 @@ def open_function(spec: str, rank: int, world_size: int, seed: int, num_classes:
         data = probe.call(0)
         try:
             count, labels[split] = _count_and_labels(data, need_labels=not num_classes)
+        except HvdtrainError as e:
+            raise HvdtrainError(f"--data {spec} (split {split!r}): {e}") from None
         except tf.errors.OpError as e:
             raise HvdtrainError(f"--data {spec}: reading split {split!r} failed: {tf_message(e)}") from None
         image = data.element_spec[0]

@@ -12,7 +12,6 @@ from typing import Optional, Sequence
 
 import tensorflow as tf
 
-AUGMENTATIONS = ("none", "flip", "standard")
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif")
 # Random-resized-crop's ranges (Szegedy et al. 2015, "Going deeper with convolutions", as
 # torchvision's RandomResizedCrop and Keras' RandomCrop recipes use them).
@@ -85,6 +84,6 @@ def preprocess(image: tf.Tensor, training: bool, augment: str, image_size: int,
     return image
 
 
-def example_seed(seed: int, epoch: int, position: tf.Tensor) -> tf.Tensor:
-    """The stateless seed (int64 ``(2,)``) of the example at ``position`` in an epoch."""
-    return tf.stack([tf.constant(seed, tf.int64), tf.constant(epoch, tf.int64) * (1 << 40) + tf.cast(position, tf.int64)])
+def example_seed(seed: int, epoch: int, key: tf.Tensor) -> tf.Tensor:
+    """The stateless seed (int64 ``(2,)``) of the example with unique ``key`` in an epoch."""
+    return tf.stack([tf.constant(seed, tf.int64), tf.constant(epoch, tf.int64) * (1 << 40) + tf.cast(key, tf.int64)])

@@ -44,6 +44,7 @@ class ImageView:
 
     @property
     def channels(self) -> int:
+        """Channels every image is decoded to (1 or 3; a data function's own)."""
         return self.stored_shape[2]
 
     @property
@@ -124,14 +125,17 @@ class StreamingDataset:
 
     @property
     def num_train(self) -> int:
+        """Training examples."""
         return self.train.num_examples
 
     @property
     def num_test(self) -> int:
+        """Test examples."""
         return self.test.num_examples
 
     @property
     def input_shape(self) -> Tuple[int, int, int]:
+        """``(H, W, C)`` of the model's input."""
         return self.view.input_shape
 
     @property
@@ -170,16 +174,24 @@ class StreamingDataset:
         return images_, tf.cast(labels, tf.int32)
 
     def _pipeline(self, split: Split, elements: tf.data.Dataset, training: bool, epoch: int,
-                  sizes: Sequence[int]) -> tf.data.Dataset:
+                  sizes: Sequence[int], threads: int) -> tf.data.Dataset:
         """Decode in parallel, in order, then cut batches of ``sizes`` (the last may differ)."""
         data = split.prepare(elements).map(self._decode(split, training, epoch), num_parallel_calls=tf.data.AUTOTUNE,
                                            deterministic=True)
-        data = data.batch(max(sizes)).rebatch(tf.constant(sizes, tf.int64))  # rebatch cycles through the sizes
-        return data.map(self._check_labels).prefetch(tf.data.AUTOTUNE)
+        data = data.batch(sizes[0]).rebatch(tf.constant(sizes, tf.int64))  # rebatch cycles through the sizes
+        data = data.map(self._check_labels).prefetch(tf.data.AUTOTUNE)
+        if threads:  # the rank's own cores: more decoding threads than cores would take them from the step
+            options = tf.data.Options()
+            options.threading.private_threadpool_size = threads
+            options.autotune.cpu_budget = threads
+            data = data.with_options(options)
+        return data
 
-    def train_batches(self, plan: ShardPlan, epoch: int, first_step: int = 0) -> Tuple[tf.data.Dataset, List[int]]:
+    def train_batches(self, plan: ShardPlan, epoch: int, first_step: int = 0,
+                      threads: int = 0) -> Tuple[tf.data.Dataset, List[int]]:
         """This rank's local batches ``(images, labels)`` from ``first_step`` to the end of
-        ``epoch``, one per step, and their sizes (the plan's local batch sizes).
+        ``epoch``, one per step, and their sizes (the plan's local batch sizes). ``threads``: the
+        rank's CPU cores, which the pipeline's threads are limited to (0: tf.data's default).
 
         Images are uint8 ``(b, H, W, C)`` (the view's input shape; a data function's own dtype),
         labels int32 ``(b,)``.
@@ -187,42 +199,59 @@ class StreamingDataset:
         elements, sizes = self.train.rank_elements(plan, epoch, first_step)
         if not sizes:
             return tf.data.Dataset.from_tensors(0).take(0), sizes
-        return self._pipeline(self.train, elements, True, epoch, sizes), sizes
+        return self._pipeline(self.train, elements, True, epoch, sizes, threads), sizes
 
-    def test_batches(self, world_size: int, rank: int, batch_size: int) -> tf.data.Dataset:
+    def test_batches(self, world_size: int, rank: int, batch_size: int, threads: int = 0) -> tf.data.Dataset:
         """This rank's part of the test split (each example once over all ranks) in batches
-        ``(images, labels)`` of up to ``batch_size``."""
+        ``(images, labels)`` of up to ``batch_size``: as :meth:`train_batches`' (center crop, no
+        augmentation)."""
         elements = self.test.eval_elements(world_size, rank)
-        return self._pipeline(self.test, elements, False, 0, [batch_size])
+        return self._pipeline(self.test, elements, False, 0, [batch_size], threads)
 
     # ---- what went wrong -------------------------------------------------------------------------
     def failed_step(self, error: Exception, plan: ShardPlan, epoch: int, step: int, first_step: int) -> HvdtrainError:
         """The error for a pipeline that failed at ``step``: decodes this rank's examples of that
-        step one by one (eagerly: only after a failure) and names the first that fails."""
+        step and the next one by one (eagerly: only after a failure; batching reads a little ahead)
+        and names the first that fails, with its step."""
         elements, sizes = self.train.rank_elements(plan, epoch, first_step)
-        before = sum(sizes[:step - first_step])
-        return self._find_failure(error, self.train, elements.skip(before).take(sizes[step - first_step]), True,
-                                  epoch, f"epoch {epoch + 1}, step {step + 1}")
+        i = step - first_step
+        before = sum(sizes[:i])
+        scanned = elements.skip(before).take(sum(sizes[i:i + 2]))
+
+        def where(position: int) -> str:
+            held = i + int(position >= sizes[i])
+            return f"epoch {epoch + 1}, step {first_step + held + 1}"
+
+        return self._find_failure(error, self.train, scanned, True, epoch, where)
 
     def failed_evaluation(self, error: Exception, world_size: int, rank: int) -> HvdtrainError:
         """The error for an evaluation pipeline that failed (as :meth:`failed_step`)."""
         return self._find_failure(error, self.test, self.test.eval_elements(world_size, rank), False, 0,
-                                  "evaluation")
+                                  lambda position: "evaluation")
 
     def _find_failure(self, error: Exception, split: Split, elements: tf.data.Dataset, training: bool, epoch: int,
-                      where: str) -> HvdtrainError:
+                      where) -> HvdtrainError:
+        """Decode ``elements`` one by one; the error naming the first that fails (``where(its
+        position)`` says when), or, if none does, ``error``'s message."""
         decode = self._decode(split, training, epoch)
-        element = None
-        try:
-            for element in elements:
+        iterator, last, position = iter(elements), None, 0
+        while True:
+            try:
+                element = next(iterator)
+            except StopIteration:
+                break
+            except (tf.errors.OpError, ValueError) as e:  # reading itself failed: after the last good one
+                what = "reading the data" + (f" after {split.origin(*last)}" if last is not None else "")
+                return HvdtrainError(f"{what}: {tf_message(e)} ({where(position)})")
+            try:
                 for example in split.prepare(tf.data.Dataset.from_tensors(element)).map(decode):
                     self._check_labels(*example)
-        except (tf.errors.OpError, ValueError) as e:
-            what = split.origin(*element) if element is not None else "reading the data"
-            hint = ("; images of different sizes need --image-size" if split.decodes and not self.view.image_size
-                    and "expected shape" in str(e) else "")
-            return HvdtrainError(f"{what}: {tf_message(e)} ({where}){hint}")
-        return HvdtrainError(f"the input pipeline failed at {where}: {tf_message(error)}")
+            except (tf.errors.OpError, ValueError) as e:
+                hint = ("; images of different sizes need --image-size" if split.decodes and not self.view.image_size
+                        and "expected shape" in str(e) else "")
+                return HvdtrainError(f"{split.origin(*element)}: {tf_message(e)} ({where(position)}){hint}")
+            last, position = element, position + 1
+        return HvdtrainError(f"the input pipeline failed at {where(0)}: {tf_message(error)}")
 
 
 def tf_message(error: Exception) -> str:

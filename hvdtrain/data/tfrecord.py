@@ -61,7 +61,8 @@ class TFRecordSplit(Split):
 
     def _read(self, segments: List[Tuple[int, int, int]], parallel: int) -> tf.data.Dataset:
         """The records of ``(file, skip, take)`` segments as ``(serialized, key)``, key =
-        file << 32 | record number; up to ``parallel`` files read at once, interleaved."""
+        file << 32 | record number; ``parallel`` files interleaved record by record (read by one
+        thread)."""
         if not segments:
             return tf.data.Dataset.from_tensor_slices((tf.zeros([0], tf.string), tf.zeros([0], tf.int64)))
         f, skip, take = (np.array(column, np.int64) for column in zip(*segments))
@@ -167,6 +168,8 @@ def _find_bad_record(path: str, features: dict, done: int) -> None:
                 raise HvdtrainError(f"{path}: record {record}: {tf_message(e)} (keys: --tfrecord-image-key "
                                     f"{list(features)[0]}, --tfrecord-label-key {list(features)[1]})") from None
             record += 1
+    except (tf.errors.NotFoundError, tf.errors.PermissionDeniedError) as e:
+        raise HvdtrainError(f"{path}: cannot read it ({tf_message(e)})") from None
     except tf.errors.OpError as e:
         raise HvdtrainError(f"{path}: truncated or corrupt after record {record} ({tf_message(e)})") from None
     raise HvdtrainError(f"{path}: cannot be read (TFRecord)")
@@ -179,6 +182,9 @@ def load_index(data_dir: str, files: List[str], image_key: str, label_key: str) 
     Returns:
         ``({file name: entry} for files, whether any entry was scanned)``: :func:`save_index`
         caches a scanned index once the data has passed every check.
+
+    Raises:
+        HvdtrainError: from :func:`scan_file`, for a bad file.
     """
     cached = {}
     try:
@@ -230,6 +236,7 @@ def check_local_files(files: List[str], index: Dict[str, dict]) -> None:
 
 
 def label_histogram(files: List[str], index: Dict[str, dict]) -> Dict[int, int]:
+    """``{label: records}`` over ``files``, from their index entries."""
     total: Dict[int, int] = {}
     for path in files:
         for label, count in index[os.path.basename(path)]["labels"].items():
@@ -238,7 +245,11 @@ def label_histogram(files: List[str], index: Dict[str, dict]) -> Dict[int, int]:
 
 
 def first_image_shape(path: str, image_key: str) -> Tuple[int, int, int]:
-    """``(H, W, C)`` of the first record's image, C forced to 1 or 3."""
+    """``(H, W, C)`` of the first record's image, C forced to 1 or 3.
+
+    Raises:
+        HvdtrainError: if the file has no record, or its first image cannot be decoded.
+    """
     for serialized in tf.data.TFRecordDataset(path).take(1):
         encoded = tf.io.parse_single_example(serialized, {image_key: tf.io.FixedLenFeature([], tf.string)})[image_key]
         try:
@@ -255,6 +266,13 @@ def open_tfrecords(data_dir: str, index: Dict[str, dict], image_key: str, label_
     """Open TFRecord shards whose ``index`` (:func:`load_index`, rank 0's) is known.
 
     Args:
+        data_dir: the directory of ``train-*`` and ``test-*`` files.
+        index: rank 0's index of them.
+        image_key, label_key: the features read.
+        num_classes: the class count; 0 infers it from the labels.
+        image_size, augment: the :class:`ImageView`'s.
+        shuffle_buffer: records in each rank's shuffle buffer.
+        seed: the run's seed.
         check_labels: ``(name, train_labels, test_labels, num_classes) -> num_classes``
             (:func:`hvdtrain.data.datasets.check_labels`), on the labels' histograms expanded.
 
@@ -267,7 +285,8 @@ def open_tfrecords(data_dir: str, index: Dict[str, dict], image_key: str, label_
     hist = [label_histogram(files, index) for files in (train, test)]
     expanded = [np.repeat(np.array(list(h), np.int64), list(h.values())) for h in hist]
     num_classes = check_labels(name, *expanded, num_classes)
-    view = ImageView(image_size, augment, first_image_shape(train[0], image_key))
+    first = next((p for p in train if index[os.path.basename(p)]["records"]), train[0])
+    view = ImageView(image_size, augment, first_image_shape(first, image_key))
     digest = hashlib.blake2b(digest_size=16)
     for path in train + test:
         entry = index[os.path.basename(path)]
@@ -277,4 +296,6 @@ def open_tfrecords(data_dir: str, index: Dict[str, dict], image_key: str, label_
         return TFRecordSplit(files, [index[os.path.basename(p)]["records"] for p in files], image_key, label_key,
                              shuffle_buffer, seed)
 
-    return StreamingDataset(name, split(train), split(test), num_classes, view, seed, {"digest": digest.hexdigest()})
+    # The shuffle buffer is part of each epoch's stream: a resume with another would repeat some records.
+    return StreamingDataset(name, split(train), split(test), num_classes, view, seed,
+                            {"digest": digest.hexdigest(), "shuffle_buffer": shuffle_buffer})

@@ -35,26 +35,39 @@ def _example(tf, encoded: bytes, label: int, text: str, filename: str):
 def write_split(paths, labels, names, out_dir: str, prefix: str, shards: int, seed: int) -> int:
     """Write one split's images as ``shards`` TFRecord files ``<prefix>-SSSSS-of-NNNNN``.
 
+    Args:
+        paths, labels, names: the split's image files, their class indices and the class names
+            (:func:`hvdtrain.data.folder.list_split`).
+        out_dir: the output directory.
+        prefix: ``train``, ``test`` or ``validation``.
+        shards: files to write (at most one per image).
+        seed: the order of the examples across and within the files.
+
     Returns:
         The number of records written.
+
+    Raises:
+        OSError, tf.errors.OpError: for an image that cannot be read or a file that cannot be written.
     """
     import tensorflow as tf
 
     order = np.random.default_rng(seed).permutation(len(paths))
     shards = max(1, min(shards, len(paths)))
     for shard, part in enumerate(np.array_split(order, shards)):
-        path = os.path.join(out_dir, f"{prefix}-{shard:05d}-of-{shards:05d}")
-        with tf.io.TFRecordWriter(path + ".tmp") as writer:
+        name = f"{prefix}-{shard:05d}-of-{shards:05d}"
+        path, tmp = os.path.join(out_dir, name), os.path.join(out_dir, f".{name}.tmp")  # hidden from train-*
+        with tf.io.TFRecordWriter(tmp) as writer:
             for i in part:
                 with open(paths[i], "rb") as f:
                     encoded = f.read()
                 writer.write(_example(tf, encoded, int(labels[i]), names[labels[i]],
                                       os.path.basename(paths[i])).SerializeToString())
-        os.replace(path + ".tmp", path)
+        os.replace(tmp, path)
     return len(paths)
 
 
 def main(argv=None) -> int:
+    """Command line (see the module); returns the exit status: 0, or 2 after one error line."""
     p = argparse.ArgumentParser(prog="python -m hvdtrain.tools.make_tfrecords", description=__doc__.split("\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--folder", required=True, help="image folder with train/<class>/ and test/<class>/ (or validation/)")
@@ -62,6 +75,8 @@ def main(argv=None) -> int:
     p.add_argument("--shards", type=int, default=8, help="training files (the test split gets a quarter, at least 1)")
     p.add_argument("--seed", type=int, default=0, help="seed of the order of examples across and within files")
     a = p.parse_args(argv)
+    import tensorflow as tf
+
     from hvdtrain.data.folder import TEST_SPLITS, list_split
 
     try:
@@ -73,9 +88,12 @@ def main(argv=None) -> int:
             raise HvdtrainError(f"{a.folder}: no test/ or validation/ folder")
         test_paths, test_labels, _ = list_split(os.path.join(a.folder, test), names)
         os.makedirs(a.out, exist_ok=True)
+        stale = sorted(n for n in os.listdir(a.out) if n.split("-")[0] in ("train", *TEST_SPLITS))
+        if stale:  # shards of an earlier conversion would be read as data too
+            raise HvdtrainError(f"--out {a.out} already holds TFRecord files ({stale[0]}...): choose an empty directory")
         n_train = write_split(train_paths, train_labels, names, a.out, "train", a.shards, a.seed)
         n_test = write_split(test_paths, test_labels, names, a.out, test, max(1, a.shards // 4), a.seed + 1)
-    except (HvdtrainError, OSError) as e:
+    except (HvdtrainError, OSError, tf.errors.OpError) as e:
         say(f"make_tfrecords: error: {e}", sys.stderr)
         return 2
     say(f"make_tfrecords: {n_train:,} training and {n_test:,} {test} examples of {len(names)} classes in {a.out}")

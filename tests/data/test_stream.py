@@ -215,6 +215,8 @@ def test_make_tfrecords_keeps_every_image_and_label(tmp_path, small_folder):
     root, data = small_folder
     assert make_tfrecords.main(["--folder", root, "--out", str(tmp_path / "rec"), "--shards", "3"]) == 0
     assert sorted(os.listdir(tmp_path / "rec")) == ["test-00000-of-00001", *[f"train-0000{k}-of-00003" for k in range(3)]]
+    assert make_tfrecords.main(["--folder", root, "--out", str(tmp_path / "rec"), "--shards", "2"]) == 2, \
+        "an earlier conversion's shards would be read too"
     records = open_records(tmp_path / "rec")
     folder = open_folder(root, 0, "none", 0)
     assert records.num_train == folder.num_train == 23 and records.num_classes == folder.num_classes == 3
@@ -240,6 +242,7 @@ def test_data_function_is_sharded_exactly():
     ("images_only", r"elements must be \(image, label\) pairs"),
     ("batched", r"the dataset is batched \(images \(None, 4, 4, 1\)\)"),
     ("not_a_dataset", r"must return a tf.data.Dataset, got ndarray"),
+    ("infinite", r"\(split 'train'\): the dataset is infinite \(.repeat\(\)\?\): return one pass of the split"),
     ("nowhere", r"--data 'tests.datafns:nowhere': module 'tests.datafns' has no function 'nowhere'"),
 ])
 def test_bad_data_functions(name, message):
