@@ -6,6 +6,7 @@ shards, or the user's own ``tf.data`` function) with how images become the model
 
     this rank's elements, in its order (the split's)  ->  decode, crop, augment
     (``num_parallel_calls=AUTOTUNE``, deterministic)  ->  local batches of the plan's sizes  ->  prefetch
+    (:data:`PREFETCH_BATCHES`)
 
 The local batch sizes are the :class:`~hvdtrain.data.sharding.ShardPlan`'s, so every rank runs
 the same steps, each global batch holds the same number of examples as in memory, and every
@@ -25,6 +26,11 @@ import tensorflow as tf
 from hvdtrain.data import images
 from hvdtrain.data.sharding import ShardPlan
 from hvdtrain.errors import HvdtrainError
+
+
+# Batches decoded ahead of the step: enough to hide the next batch's decoding behind the step, and
+# a fixed memory cost (AUTOTUNE's buffers grow up to a share of the host's RAM).
+PREFETCH_BATCHES = 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -179,7 +185,7 @@ class StreamingDataset:
         data = split.prepare(elements).map(self._decode(split, training, epoch), num_parallel_calls=tf.data.AUTOTUNE,
                                            deterministic=True)
         data = data.batch(sizes[0]).rebatch(tf.constant(sizes, tf.int64))  # rebatch cycles through the sizes
-        data = data.map(self._check_labels).prefetch(tf.data.AUTOTUNE)
+        data = data.map(self._check_labels).prefetch(PREFETCH_BATCHES)
         if threads:  # the rank's own cores: more decoding threads than cores would take them from the step
             options = tf.data.Options()
             options.threading.private_threadpool_size = threads
