@@ -73,7 +73,8 @@ def main() -> None:
         worker([a for a in sys.argv[1:] if a != "--worker"])
         return
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--base", type=common.at_least(100), default=600, help="training images at factor 1")
+    p.add_argument("--base", type=common.at_least(128), default=600,
+                   help="training images at factor 1 (at least one global batch: 2 x 64)")
     p.add_argument("--factors", type=int, nargs="+", default=[1, 10, 100])
     a = p.parse_args()
     rows = []
