@@ -17,7 +17,7 @@ import tensorflow as tf
 
 from hvdtrain.data import images
 from hvdtrain.data.sharding import ShardPlan, eval_shard
-from hvdtrain.data.stream import ImageView, Split, StreamingDataset, tf_message
+from hvdtrain.data.stream import ImageView, Split, StreamingDataset, stored_shape
 from hvdtrain.errors import HvdtrainError
 
 TEST_SPLITS = ("test", "validation")
@@ -94,12 +94,7 @@ def first_image_shape(path: str) -> Tuple[int, int, int]:
     Raises:
         HvdtrainError: naming the file if it is no readable image.
     """
-    try:
-        image = tf.io.decode_image(tf.io.read_file(path), expand_animations=False)
-    except (tf.errors.OpError, ValueError) as e:
-        raise HvdtrainError(f"image {path}: cannot decode it ({tf_message(e)})") from None
-    height, width, channels = image.shape
-    return int(height), int(width), 1 if channels == 1 else 3
+    return stored_shape(tf.io.read_file(path), f"image {path}")
 
 
 def open_folder(data_dir: str, image_size: int, augment: str, seed: int) -> StreamingDataset:

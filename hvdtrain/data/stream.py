@@ -270,6 +270,21 @@ def tf_message(error: Exception) -> str:
     return message.strip().rstrip(".; ") or type(error).__name__
 
 
+def stored_shape(encoded: tf.Tensor, where: str) -> Tuple[int, int, int]:
+    """``(H, W, C)`` of one encoded image (eager), C taken to 1 (grayscale) or 3: every image of
+    the dataset is decoded to that many channels.
+
+    Raises:
+        HvdtrainError: ``"<where>: cannot decode it (...)"`` for bytes that are no image.
+    """
+    try:
+        image = tf.io.decode_image(encoded, expand_animations=False)
+    except (tf.errors.OpError, ValueError) as e:
+        raise HvdtrainError(f"{where}: cannot decode it ({tf_message(e)})") from None
+    height, width, channels = image.shape
+    return int(height), int(width), 1 if channels == 1 else 3
+
+
 def contiguous_segments(counts: Sequence[int], order: Sequence[int], first: int, count: int) -> List[Tuple[int, int, int]]:
     """The positions ``[first, first + count)`` of a stream of files read in ``order`` (``counts``
     records each) as ``(file, skip, take)`` segments: records ``skip .. skip + take`` of ``file``."""

@@ -26,7 +26,7 @@ import tensorflow as tf
 
 from hvdtrain.data.sharding import ShardPlan, eval_shard
 from hvdtrain.data.stream import (ImageView, Split, StreamingDataset, contiguous_segments, local_sizes, rank_range,
-                                  tf_message)
+                                  stored_shape, tf_message)
 from hvdtrain.errors import HvdtrainError
 from hvdtrain.files import replace_file
 
@@ -252,12 +252,7 @@ def first_image_shape(path: str, image_key: str) -> Tuple[int, int, int]:
     """
     for serialized in tf.data.TFRecordDataset(path).take(1):
         encoded = tf.io.parse_single_example(serialized, {image_key: tf.io.FixedLenFeature([], tf.string)})[image_key]
-        try:
-            image = tf.io.decode_image(encoded, expand_animations=False)
-        except (tf.errors.OpError, ValueError) as e:
-            raise HvdtrainError(f"{path}: record 0: cannot decode its image ({tf_message(e)})") from None
-        height, width, channels = image.shape
-        return int(height), int(width), 1 if channels == 1 else 3
+        return stored_shape(encoded, f"{path}: record 0's image")
     raise HvdtrainError(f"{path}: no records")
 
 
