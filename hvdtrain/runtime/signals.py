@@ -25,10 +25,16 @@ _interrupted = False
 _raise = True
 
 
+def _may_raise(frame) -> bool:
+    # Python runs a handler at the next function entry: a signal that lands as an ``except`` block
+    # calls defer_stop_signals() runs it there, where raising would replace the error being handled.
+    return _raise and (frame is None or frame.f_code is not defer_stop_signals.__code__)
+
+
 def _on_sigterm(signum, frame):
     global _received, _raise
     _received = True
-    if _raise:
+    if _may_raise(frame):
         _raise = False
         raise Terminated()
 
@@ -36,7 +42,7 @@ def _on_sigterm(signum, frame):
 def _on_sigint(signum, frame):
     global _interrupted
     _interrupted = True
-    if _raise:
+    if _may_raise(frame):
         raise KeyboardInterrupt()
 
 
