@@ -3,6 +3,7 @@
 Start one process per rank: ``horovodrun -np 2 --gloo python -m hvdtrain``. Importing the package
 is cheap; TensorFlow is loaded when a TensorFlow-backed name is first used.
 """
+import importlib
 import importlib.util
 import os
 
@@ -16,14 +17,16 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
 
 __version__ = "0.1.0"
 
-__all__ = ["SyncBatchNormalization", "HvdtrainError", "__version__"]
+__all__ = ["fit", "FitResult", "Config", "Callback", "SyncBatchNormalization", "HvdtrainError", "__version__"]
 
 from hvdtrain.errors import HvdtrainError  # noqa: E402
 
+# name -> module: loaded on first use (hvdtrain.api and the model import TensorFlow, or YAML).
+_LAZY = {"fit": "hvdtrain.api", "FitResult": "hvdtrain.api", "Config": "hvdtrain.config",
+         "Callback": "hvdtrain.callbacks", "SyncBatchNormalization": "hvdtrain.model.sync_bn"}
+
 
 def __getattr__(name):
-    if name == "SyncBatchNormalization":
-        from hvdtrain.model.sync_bn import SyncBatchNormalization
-
-        return SyncBatchNormalization
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'hvdtrain' has no attribute {name!r}")

@@ -29,11 +29,12 @@ class Callback:
         """``steps`` per epoch; a resumed epoch begins at ``first_step``."""
 
     def on_step_end(self, epoch: int, step: int, running: Optional[dict]) -> None:
-        """``running`` holds global running ``loss``/``accuracy`` on steps where they were reduced, else None."""
+        """``running`` holds the global running ``loss`` and metrics (:meth:`Objective.results`) on
+        steps where they were reduced, else None."""
 
     def on_save_point(self, position: TrainPosition) -> None:
         """A save point within an epoch (``Trainer.fit``'s ``save_every``), at ``position``, whose
-        ``epoch_sums`` are the epoch's global ``[loss, correct, count]`` so far."""
+        ``epoch_sums`` are the epoch's global objective sums so far (:class:`~hvdtrain.metrics.Objective`)."""
 
     def on_epoch_end(self, epoch: int, metrics: dict) -> None: ...
 
@@ -46,8 +47,23 @@ class Callback:
     def close(self) -> None: ...
 
 
+class History(Callback):
+    """Every rank keeps each trained epoch's metrics (global, so alike on every rank), in order:
+    ``history[i]`` is epoch ``epochs[i]``'s dict (``train_loss``, ``test_<metric>``, ``lr``...)."""
+
+    chief_only = False
+
+    def __init__(self):
+        self.epochs: List[int] = []
+        self.history: List[dict] = []
+
+    def on_epoch_end(self, epoch, metrics):
+        self.epochs.append(epoch)
+        self.history.append(dict(metrics))
+
+
 class ProgressBar(Callback):
-    """A tqdm bar per epoch with the global running loss and accuracy, shown only when stderr is
+    """A tqdm bar per epoch with the global running loss and metrics, shown only when stderr is
     a terminal: under a launcher or in a batch job's log its redraws would pile up as lines."""
 
     def __init__(self):
@@ -62,7 +78,8 @@ class ProgressBar(Callback):
     def on_step_end(self, epoch, step, running):
         self._bar.update(1)
         if running:
-            self._bar.set_postfix(loss=f"{running['loss']:.4f}", acc=f"{running['accuracy']:.4f}", refresh=False)
+            self._bar.set_postfix({_SHORT.get(k, k): f"{v:.4f}" for k, v in running.items() if k != "count"},
+                                  refresh=False)
 
     def on_epoch_end(self, epoch, metrics):
         self.close()
@@ -80,9 +97,18 @@ class EpochLine(Callback):
         self.epochs = epochs
 
     def on_epoch_end(self, epoch, m):
-        say(f"epoch {epoch + 1:>3}/{self.epochs}  train loss {m['train_loss']:.4f} acc {m['train_accuracy']:.4f}  "
-            f"test loss {m['test_loss']:.4f} acc {m['test_accuracy']:.4f}  {m['images_per_sec']:,.0f} img/s  "
-            f"{m['epoch_time_s']:.1f} s  lr {m['lr']:.4g}")
+        say(f"epoch {epoch + 1:>3}/{self.epochs}  {split_text(m, 'train')}  {split_text(m, 'test')}  "
+            f"{m['images_per_sec']:,.0f} img/s  {m['epoch_time_s']:.1f} s  lr {m['lr']:.4g}")
+
+
+_SHORT = {"accuracy": "acc"}  # names shortened in the lines printed
+
+
+def split_text(metrics: dict, split: str) -> str:
+    """``"train loss 0.3120 acc 0.8870"``: the loss and metrics of ``split`` in an epoch's ``metrics``
+    (its ``<split>_<name>`` keys; the test split's are exactly the objective's)."""
+    names = [key[5:] for key in metrics if key.startswith("test_")]
+    return " ".join([split] + [f"{_SHORT.get(name, name)} {metrics[f'{split}_{name}']:.4f}" for name in names])
 
 
 def logged_epochs(path: str) -> List[Tuple[int, str]]:
@@ -186,7 +212,7 @@ class TensorBoard(Callback):
     def on_step_end(self, epoch, step, running):
         if running:
             self._scalars("steps", epoch * self._steps_per_epoch + step + 1,
-                          {"running/loss": running["loss"], "running/accuracy": running["accuracy"]})
+                          {f"running/{name}": value for name, value in running.items() if name != "count"})
 
     def on_epoch_end(self, epoch, metrics):
         self._scalars("epochs", epoch + 1, {f"epoch/{key}": value for key, value in metrics.items()})

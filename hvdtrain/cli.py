@@ -12,7 +12,8 @@ import traceback
 import time
 from typing import List, Optional, Tuple
 
-from hvdtrain.config import AUGMENTATIONS, DATASETS, LR_SCHEDULES, OPTIMIZERS, PRECISIONS, Config, ConfigError
+from hvdtrain.config import (AUGMENTATIONS, DATASETS, LOSSES, LR_SCHEDULES, METRICS, OPTIMIZERS, PRECISIONS, Config,
+                             ConfigError)
 from hvdtrain.config_file import config_from_flat, config_to_yaml, read_config_file
 from hvdtrain.errors import Ending, HvdtrainError, RunEnded, say
 from hvdtrain.runtime.dist import launcher_rank
@@ -120,6 +121,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="cnn, resnet20, or package.module:function returning an uncompiled tf.keras.Model "
                         "(called with input_shape=(H, W, C), num_classes=K) whose output is (batch, K) "
                         "logits, no softmax")
+    g.add_argument("--loss", choices=LOSSES, default=d.task.loss,
+                   help="sparse_categorical_crossentropy (class indices: (n,) labels, or (n, H, W) for segmentation), "
+                        "binary_crossentropy (multi-label targets in [0, 1]), mse (targets shaped like the outputs)")
+    g.add_argument("--label-smoothing", type=float, default=d.task.label_smoothing,
+                   help="label smoothing of the cross-entropies, in [0, 1)")
+    g.add_argument("--metrics", default=d.task.metrics,
+                   help=f"comma-separated, exact over all ranks: {', '.join(METRICS)} ('' for none; default: "
+                        f"accuracy, none for mse)")
     g.add_argument("--no-sync-bn", action="store_true",
                    help="built-in models: per-rank BatchNorm instead of synchronized BatchNorm (refused with a "
                         "model function, which chooses its own layers)")
@@ -175,6 +184,7 @@ FLAG_SETTINGS = {
     "num_classes": "data.num_classes", "tfrecord_image_key": "data.tfrecord_image_key",
     "tfrecord_label_key": "data.tfrecord_label_key", "shuffle_buffer": "data.shuffle_buffer",
     "model": "model.name", "no_sync_bn": "!model.sync_bn",
+    "loss": "task.loss", "label_smoothing": "task.label_smoothing", "metrics": "task.metrics",
     "log_dir": "log.dir", "log_every": "log.log_every", "no_progress": "!log.progress",
     "checkpoint_dir": "checkpoint.dir", "resume": "checkpoint.resume", "keep_checkpoints": "checkpoint.keep",
     "checkpoint_every": "checkpoint.every_steps",
@@ -229,6 +239,11 @@ def config_from_args(argv: Optional[List[str]] = None) -> Config:
 def main(argv: Optional[List[str]] = None) -> int:
     """Entry point. Returns the process exit status: 0, or 2 for any error on any rank; exits with 130
     on Ctrl-C, 143 on SIGTERM (and the watchdog with 3 on a stall)."""
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["verify"]:  # hvdtrain verify: N ranks against one process (no launcher needed)
+        from hvdtrain.tools.verify import main as verify
+
+        return verify(argv[1:])
     try:
         config, print_config = parse_command_line(argv)
     except HvdtrainError as e:  # the same flags on every rank: the launcher's rank 0 reports
@@ -246,12 +261,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     try:
         run(config)
     except RunEnded as ended:
-        return _leave(ended)
+        return leave(ended)
     defer_stop_signals()
     return 0
 
 
-def _leave(ended: RunEnded) -> int:
+def leave(ended: RunEnded) -> int:
     """Print what this rank should of how the run ended (once per job) and return its exit
     status, or exit at once where Horovod's shutdown at exit would wait for peers that are gone
     or busy (:class:`~hvdtrain.errors.Ending`)."""

@@ -18,6 +18,9 @@ DEFAULT_DATA_DIR = "/usr/share/datasets/fashion-mnist"  # Debian's dataset-fashi
 LR_SCHEDULES = ("cosine", "linear", "step", "constant")
 OPTIMIZERS = ("sgd", "adam", "adamw")
 PRECISIONS = ("fp32", "bf16", "fp16")
+LOSSES = ("sparse_categorical_crossentropy", "binary_crossentropy", "mse")
+METRICS = ("accuracy", "top5", "mean_iou")
+CLASSES, TARGETS = "classes", "targets"  # what a loss takes as labels: class indices, or values
 
 
 class ConfigError(HvdtrainError):
@@ -134,6 +137,44 @@ class ModelConfig:
                 f"--no-sync-bn applies to the built-in models only; the function of --model {self.name!r} "
                 f"chooses its own layers (tf.keras.layers.BatchNormalization normalizes each rank's batch, "
                 f"hvdtrain.SyncBatchNormalization the global batch)")
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskConfig:
+    """What the model learns: the loss it minimizes and the metrics reported (:mod:`hvdtrain.metrics`).
+
+    Attributes:
+        loss: ``sparse_categorical_crossentropy`` (class indices ``(n, ...)`` and logits with one
+            more axis of K: classification, or segmentation with ``(n, H, W)`` labels),
+            ``binary_crossentropy`` (multi-label: targets in [0, 1] shaped like the logits) or
+            ``mse`` (targets shaped like the outputs).
+        label_smoothing: in [0, 1), for the two cross-entropies.
+        metrics: comma-separated names among ``accuracy``, ``top5`` and ``mean_iou``; ``""`` for
+            none; None: ``accuracy`` (none for ``mse``).
+    """
+
+    loss: str = "sparse_categorical_crossentropy"
+    label_smoothing: float = 0.0
+    metrics: Optional[str] = None
+
+    @property
+    def metric_names(self) -> tuple:
+        """The metrics' names, in order."""
+        if self.metrics is None:
+            return () if self.loss == "mse" else ("accuracy",)
+        return tuple(name.strip() for name in self.metrics.split(",") if name.strip())
+
+    def __post_init__(self):
+        _check(self.loss in LOSSES, "--loss", f"one of {LOSSES}", self.loss)
+        _check(_is_number(self.label_smoothing) and 0 <= self.label_smoothing < 1, "--label-smoothing", "in [0, 1)",
+               self.label_smoothing)
+        if self.label_smoothing and self.loss == "mse":
+            raise HvdtrainError("--label-smoothing applies to the cross-entropies, not --loss mse")
+        _check(self.metrics is None or isinstance(self.metrics, str), "--metrics", "comma-separated names", self.metrics)
+        for name in self.metric_names:
+            _check(name in METRICS, "--metrics", f"comma-separated names among {METRICS}", self.metrics)
+        if len(set(self.metric_names)) != len(self.metric_names):
+            raise ConfigError("--metrics", "names that differ", self.metrics)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -318,6 +359,7 @@ class Config:
     seed: int = 0
     data: DataConfig = DataConfig()
     model: ModelConfig = ModelConfig()
+    task: TaskConfig = TaskConfig()
     optim: OptimConfig = OptimConfig()
     compute: ComputeConfig = ComputeConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()

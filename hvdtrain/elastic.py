@@ -40,6 +40,7 @@ from hvdtrain.data.datasets import Dataset, data_mismatch
 from hvdtrain.data.sharding import ShardPlan
 from hvdtrain.errors import FoundHere, PeerFailure, RunEnded, is_peer_loss, say
 from hvdtrain.model.zoo import set_dropout_rank
+from hvdtrain.metrics import Objective
 from hvdtrain.optim import rescale_schedule
 from hvdtrain.precision import DynamicLossScale
 from hvdtrain.rundir import (checkpoint_dir, checkpoint_meta, default_run_dir, open_run_dir, restore_for_resume,
@@ -138,12 +139,15 @@ class ElasticJob:
         watchdog: the stall watchdog (told of resets, which wait for the driver).
         loss_scale: fp16's :class:`~hvdtrain.precision.DynamicLossScale` (its variables are the
             optimizer's, so commits carry it), or None.
+        objective: the loss and metrics (:class:`~hvdtrain.trainer.Trainer`'s default if None).
     """
 
     def __init__(self, config: Config, ctx: DistContext, dataset: Dataset, fingerprint: dict, model, optimizer,
-                 watchdog: Watchdog, loss_scale: Optional[DynamicLossScale] = None):
+                 watchdog: Watchdog, loss_scale: Optional[DynamicLossScale] = None,
+                 objective: Optional[Objective] = None):
         self.config, self.ctx, self.dataset, self.fingerprint = config, ctx, dataset, fingerprint
         self.model, self.optimizer, self.watchdog, self.loss_scale = model, optimizer, watchdog, loss_scale
+        self.objective = objective
         # A worker's own run directory name; rank 0's wins at the first sync.
         self.state = TrainingState(model, optimizer, fingerprint, position=TrainPosition(),
                                    run_dir=config.log.dir or default_run_dir(),
@@ -230,12 +234,13 @@ class ElasticJob:
                 state.dir_checked = True
                 state.save()
             if ctx.is_chief:  # the rank-0 block
-                say(banner(ctx, config, self.dataset, plan, schedule, model, state.run_dir, ckpt_dir, start))
+                say(banner(ctx, config, self.dataset, plan, schedule, model, state.run_dir, ckpt_dir, start,
+                           self.objective))
             callbacks.append(cbs.ElasticCommit(state, config.epochs))
             trainer = Trainer(ctx, model, optimizer, self.dataset, plan, log_every=config.log.log_every,
                               eval_batch_size=config.data.eval_batch_size, callbacks=callbacks,
                               watchdog=self.watchdog, agree_on_writes=True, loss_scale=self.loss_scale,
-                              xla=config.compute.xla)
+                              xla=config.compute.xla, objective=self.objective)
             metrics = trainer.fit(start, config.epochs,
                                   save_every=(config.checkpoint.every_steps, config.elastic.commit_every))
             # Trained: while the callbacks close (below), SIGTERM is only recorded, as in the recipe.

@@ -7,6 +7,8 @@ from typing import Optional
 import tensorflow as tf
 
 from hvdtrain.config import LR_SCHEDULES, OptimConfig
+from hvdtrain.compat import require_keras2
+from hvdtrain.errors import HvdtrainError
 
 
 @tf.keras.utils.register_keras_serializable(package="hvdtrain")
@@ -117,8 +119,6 @@ def build_optimizer(config: OptimConfig, world_size: int, steps_per_epoch: int, 
     Returns:
         ``(optimizer, schedule)``.
     """
-    import horovod.tensorflow as hvd
-
     # Horovod's gradient aggregation counts every backward pass in optimizer.iterations, so the
     # schedule is in backward passes (steps), not in applied updates.
     schedule = _schedule(config, world_size, steps_per_epoch, epochs)
@@ -130,17 +130,39 @@ def build_optimizer(config: OptimConfig, world_size: int, steps_per_epoch: int, 
         inner = tf.keras.optimizers.Adam(**common)
     else:
         inner = tf.keras.optimizers.AdamW(**common)
-    optimizer = hvd.DistributedOptimizer(
-        inner,
-        compression=hvd.Compression.fp16 if config.fp16_allreduce else hvd.Compression.none,
-        backward_passes_per_step=config.backward_passes_per_step,
-        average_aggregated_gradients=True,
-    )
+    optimizer = distributed(inner, config)
     if variables is not None:  # on the wrapper: Horovod makes it anew from the inner optimizer's config
         if config.weight_decay:
             optimizer.exclude_from_weight_decay(var_list=[v for v in variables if v.shape.rank < 2])
         optimizer.build(variables)
     return optimizer, schedule
+
+
+def distributed(inner, config: OptimConfig):
+    """``inner`` (a Keras 2 optimizer, configured or the user's own) wrapped in
+    ``hvd.DistributedOptimizer``, with ``config``'s allreduce compression and gradient
+    accumulation. Its learning rate (a number or any ``LearningRateSchedule``) is used as it is: a
+    user's own optimizer is not rescaled by world size. Horovod makes the optimizer anew from its
+    config, so weight-decay exclusions go on the returned one.
+
+    Raises:
+        HvdtrainError: if Horovod cannot make the optimizer anew from its ``get_config()`` (it
+            does, to subclass it): a schedule or optimizer class Keras cannot deserialize.
+    """
+    import horovod.tensorflow as hvd
+
+    try:
+        optimizer = hvd.DistributedOptimizer(
+            inner,
+            compression=hvd.Compression.fp16 if config.fp16_allreduce else hvd.Compression.none,
+            backward_passes_per_step=config.backward_passes_per_step,
+            average_aggregated_gradients=True,
+        )
+    except (TypeError, ValueError) as e:
+        raise HvdtrainError(f"the optimizer {type(inner).__name__}: Horovod makes it anew from its get_config(), which "
+                            f"failed ({type(e).__name__}: {e}); register a custom LearningRateSchedule or optimizer "
+                            f"class with tf.keras.utils.register_keras_serializable") from e
+    return optimizer
 
 
 def rescale_schedule(optimizer, config: OptimConfig, world_size: int, steps_per_epoch: int, epochs: int,
@@ -168,3 +190,16 @@ def rescale_schedule(optimizer, config: OptimConfig, world_size: int, steps_per_
     schedule = _schedule(config, world_size, steps_per_epoch, epochs, step_offset=offset)
     optimizer.learning_rate = schedule
     return schedule
+
+
+def users_optimizer(optimizer, config: OptimConfig):
+    """A caller's own optimizer (:func:`hvdtrain.fit`'s ``optimizer=``), checked and :func:`distributed`.
+
+    Raises:
+        HvdtrainError: for anything but a Keras 2 optimizer (a Keras 3 one would not have its
+            gradients averaged), or one Horovod cannot make anew.
+    """
+    require_keras2(optimizer=optimizer)
+    if not isinstance(optimizer, (tf.keras.optimizers.Optimizer, tf.keras.optimizers.legacy.Optimizer)):
+        raise HvdtrainError(f"optimizer must be a tf.keras optimizer object, got {type(optimizer).__name__}")
+    return distributed(optimizer, config)

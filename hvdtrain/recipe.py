@@ -5,15 +5,17 @@ ends a run early is turned, once, into a :class:`~hvdtrain.errors.RunEnded` (:fu
 """
 from __future__ import annotations
 
+import dataclasses
 import os
-from typing import List, Optional
+from typing import Callable, List, NamedTuple, Optional, Sequence, Union
 
 import tensorflow as tf
 
 from hvdtrain import callbacks as cbs
+from hvdtrain.callbacks import split_text
 from hvdtrain.chief import banner, chief_callbacks
 from hvdtrain.config import Config
-from hvdtrain.data.datasets import data_mismatch
+from hvdtrain.data.datasets import Dataset, data_mismatch
 from hvdtrain.data.loading import open_dataset
 from hvdtrain.data.sharding import ShardPlan
 from hvdtrain.elastic import ElasticJob
@@ -21,8 +23,9 @@ from hvdtrain.errors import (Ending, EveryRankError, FoundHere, HvdtrainError, P
                              is_peer_loss, say)
 from hvdtrain.model import sync_bn_kernels
 from hvdtrain.model.sync_bn import SyncBatchNormalization
+from hvdtrain.losses import get_loss
 from hvdtrain.model.zoo import build_model
-from hvdtrain.optim import build_optimizer
+from hvdtrain.optim import build_optimizer, users_optimizer
 from hvdtrain.precision import DynamicLossScale, set_precision
 from hvdtrain.rundir import (checkpoint_dir, checkpoint_meta, default_run_dir, open_run_dir,
                              restore_for_resume, write_run_config)
@@ -30,11 +33,47 @@ from hvdtrain.runtime.dist import DistContext, current_rank, init_distributed
 from hvdtrain.runtime.signals import Terminated, defer_stop_signals, sigterm_received, stop_exception, stop_requested
 from hvdtrain.runtime.watchdog import Watchdog
 from hvdtrain.state import TrainPosition
+from hvdtrain.task import build_objective, expected_outputs, model_label
 from hvdtrain.trainer import Trainer, broadcast_state
 
 
-def run(config: Config) -> dict:
-    """Train as configured on this rank; every rank of the job calls it. Returns the final metrics.
+@dataclasses.dataclass(frozen=True)
+class Parts:
+    """What a Python caller (:func:`hvdtrain.fit`) gives in place of the config's names.
+
+    Attributes:
+        model: a built-in model's name or a function ``(input_shape=, num_classes=)`` -> model
+            (:func:`hvdtrain.model.zoo.build_model`); None: ``config.model.name``.
+        dataset: an in-memory :class:`~hvdtrain.data.datasets.Dataset`; None: ``config.data``.
+        loss: a name, a Keras loss or a callable (:func:`hvdtrain.losses.get_loss`); None: ``config.task.loss``.
+        metrics: names, :class:`~hvdtrain.metrics.Metric` objects or callables; None: ``config.task.metrics``.
+        callbacks: more :class:`~hvdtrain.callbacks.Callback` objects (chief-only ones run on rank 0 only).
+        optimizer: a Keras 2 optimizer of the caller's, its learning rate (or schedule) used as it
+            is; None: ``config.optim``'s, on hvdtrain's warmup schedule scaled by world size.
+    """
+
+    model: Optional[Union[str, Callable]] = None
+    dataset: Optional[Dataset] = None
+    loss: Optional[Union[str, Callable]] = None
+    metrics: Optional[Sequence] = None
+    callbacks: Sequence[cbs.Callback] = ()
+    optimizer: Optional[object] = None
+
+
+class Outcome(NamedTuple):
+    """A finished run: its final metrics (the last epoch's, or with nothing to train the test
+    set's) and the trained model (alike on every rank)."""
+
+    metrics: dict
+    model: tf.keras.Model
+
+
+def run(config: Config, parts: Parts = Parts()) -> Outcome:
+    """Train as configured on this rank; every rank of the job calls it.
+
+    Args:
+        config: the run's settings.
+        parts: the caller's own model, data, loss, metrics and callbacks, where given.
 
     Raises:
         RunEnded: when the run fails or is stopped, on every rank, saying how this rank leaves
@@ -66,9 +105,13 @@ def run(config: Config) -> dict:
         # Same seed everywhere; initial weights are broadcast from rank 0 anyway (step 6).
         tf.keras.utils.set_random_seed(config.seed)
 
-        # 2. Data: every rank opens the dataset (in memory, or streamed by tf.data); the plan gives
-        #    each rank a disjoint shard per epoch and the same number of steps.
-        dataset = open_dataset(ctx, config.data, config.seed, watchdog)
+        # 2. Data: every rank opens the dataset (in memory, or streamed by tf.data), its labels
+        #    read as the loss takes them; the plan gives each rank a disjoint shard per epoch and
+        #    the same number of steps.
+        loss = get_loss(config.task.loss if parts.loss is None else parts.loss, config.task.label_smoothing)
+        dataset = parts.dataset or open_dataset(ctx, config.data, config.seed, watchdog, loss.labels)
+        metrics = config.task.metric_names if parts.metrics is None else parts.metrics
+        objective = ctx.guarded("choosing the metrics", lambda: build_objective(loss, metrics, dataset))
         # The shard plan assumes every rank holds the same examples (same steps per rank,
         # disjoint shards): a host with another copy of the data would hang or overlap.
         fingerprint = dataset.fingerprint()
@@ -87,23 +130,33 @@ def run(config: Config) -> dict:
         set_precision(config.compute.precision)
         with tf.device(ctx.device):
             model = ctx.guarded("building the model", lambda: build_model(
-                config.model.name, dataset.input_shape, dataset.num_classes, sync_bn=config.model.sync_bn,
-                seed=config.seed, rank=ctx.rank))
+                parts.model or config.model.name, dataset.input_shape, dataset.num_classes, sync_bn=config.model.sync_bn,
+                seed=config.seed, rank=ctx.rank, **expected_outputs(loss, dataset)))
 
-            # 4. Optimizer: learning rate scaled by world size with warmup; Horovod's wrapper
-            #    averages gradients by allreduce. Its slots are built now so they can be broadcast.
-            optimizer, schedule = build_optimizer(config.optim, ctx.size, plan.steps_per_epoch, config.epochs,
-                                                  model.trainable_variables)
+            # 4. Optimizer: learning rate scaled by world size with warmup (a caller's own optimizer
+            #    keeps its own); Horovod's wrapper averages gradients by allreduce. Its slots are
+            #    built now so they can be broadcast.
+            if parts.optimizer is None:
+                optimizer, schedule = build_optimizer(config.optim, ctx.size, plan.steps_per_epoch, config.epochs,
+                                                      model.trainable_variables)
+            else:
+                optimizer, schedule = ctx.guarded("wrapping the optimizer", lambda: users_optimizer(
+                    parts.optimizer, config.optim)), None
+                optimizer.build(model.trainable_variables)
             # fp16's loss scale lives among the optimizer's variables: broadcast and checkpointed with them.
             loss_scale = DynamicLossScale(optimizer) if config.compute.precision == "fp16" else None
         if config.compute.xla:
             refuse_collectives_under_xla(model, ctx.size)
 
         if config.elastic.enabled:
+            if parts.callbacks or parts.optimizer is not None:
+                raise EveryRankError("an elastic job makes its callbacks anew at every reset and rescales hvdtrain's "
+                                     "learning-rate schedule: hvdtrain.fit takes callbacks= and optimizer= only "
+                                     "without elastic")
             # Steps 5-8, re-run whenever workers leave or join (hvdtrain.elastic); the job knows
             # its run directory (rank 0's, from the first sync).
-            job = ElasticJob(config, ctx, dataset, fingerprint, model, optimizer, watchdog, loss_scale)
-            return job.run()
+            job = ElasticJob(config, ctx, dataset, fingerprint, model, optimizer, watchdog, loss_scale, objective)
+            return Outcome(job.run(), model)
 
         # 5. Run directory and checkpoints (rank 0 only writes), restored state on resume.
         run_dir = ctx.broadcast_object(config.log.dir or default_run_dir(), name="hvdtrain.run_dir")
@@ -122,18 +175,21 @@ def run(config: Config) -> dict:
 
         # 7. Rank-0 side effects: banner, progress, logs, checkpoints -- the one chief-only block.
         if ctx.is_chief:
-            say(banner(ctx, config, dataset, plan, schedule, model, run_dir, ckpt_dir, start))
+            say(banner(ctx, config, dataset, plan, schedule, model, run_dir, ckpt_dir, start, objective,
+                       model_label(parts.model or config.model.name)))
             callbacks = chief_callbacks(config, run_dir, manager, plan, optimizer, meta)
+        callbacks += [cb for cb in parts.callbacks if ctx.is_chief or not cb.chief_only]
 
         # 8. Train: the same steps on every rank.
         watchdog.beat("the first training step")
         trainer = Trainer(ctx, model, optimizer, dataset, plan, log_every=config.log.log_every,
                           eval_batch_size=config.data.eval_batch_size, callbacks=callbacks, watchdog=watchdog,
-                          backward_passes_per_step=passes, loss_scale=loss_scale, xla=config.compute.xla)
+                          backward_passes_per_step=passes, loss_scale=loss_scale, xla=config.compute.xla,
+                          objective=objective)
         metrics = trainer.fit(start, config.epochs, save_every=(config.checkpoint.every_steps,))
         if ctx.is_chief and "train_loss" not in metrics:
-            say(f"test loss {metrics['test_loss']:.4f} acc {metrics['test_accuracy']:.4f}")
-        return metrics
+            say(split_text(metrics, "test"))
+        return Outcome(metrics, model)
     except BaseException as e:  # noqa: BLE001 -- every way a run can end is classified, once
         # From here on, while this rank reports how it ends, SIGTERM is only recorded.
         defer_stop_signals()

@@ -15,14 +15,15 @@ class TrainPosition:
             run resumes at this step of the same shard plan.
         example: examples of the next epoch's permutation trained (int in ``[0, num_examples]``);
             an elastic job, whose world size changes, resumes at this example.
-        epoch_sums: the global float ``(loss sum, correct, count)`` of those examples, or None at
-            an epoch's start, so that a resumed epoch's metrics stay exact.
+        epoch_sums: the global float sums of those examples' loss and metrics
+            (:class:`hvdtrain.metrics.Objective`), or None at an epoch's start, so that a resumed
+            epoch's metrics stay exact.
     """
 
     epoch: int = 0
     step: int = 0
     example: int = 0
-    epoch_sums: Optional[Tuple[float, float, float]] = None
+    epoch_sums: Optional[Tuple[float, ...]] = None
 
     def __post_init__(self):
         if self.epoch_sums is not None:
@@ -46,10 +47,15 @@ class TrainPosition:
         """The position a checkpoint's ``meta.json`` records.
 
         Checkpoints written before ``example_in_epoch`` existed give it from the step and the
-        global batch they record (``world_size x batch_size``), capped at ``num_examples``.
+        global batch they record (``world_size x batch_size``), capped at ``num_examples``. Those
+        written before losses and metrics could be chosen hold ``(loss sum, correct, count)``
+        sums, which become the default objective's ``(loss sum, count, correct, count)``.
         """
         step = int(meta.get("step_in_epoch", 0))
         example = meta.get("example_in_epoch")
         if example is None:
             example = min(step * int(meta.get("world_size", 1)) * int(meta.get("batch_size", 0)), num_examples)
-        return cls(epoch=int(meta["epoch"]), step=step, example=int(example), epoch_sums=meta.get("epoch_sums"))
+        sums = meta.get("epoch_sums")
+        if sums is not None and len(sums) == 3 and "task" not in meta.get("config", {"task": None}):
+            sums = [sums[0], sums[2], sums[1], sums[2]]
+        return cls(epoch=int(meta["epoch"]), step=step, example=int(example), epoch_sums=sums)

@@ -17,7 +17,7 @@ from typing import Callable, List, Optional, Tuple
 
 import tensorflow as tf
 
-from hvdtrain.metrics import loss_and_sums
+from hvdtrain.metrics import Objective
 from hvdtrain.precision import DynamicLossScale
 
 
@@ -34,8 +34,8 @@ class StepInputs:
 
     Attributes:
         signature: the ``tf.TensorSpec`` of each argument before ``global_count``.
-        batch: the arguments -> ``(images, labels)``: float32 ``(b, H, W, C)``, int32 ``(b,)``
-            (called inside the compiled step).
+        batch: the arguments -> ``(images, labels)``: float32 ``(b, H, W, C)``, and the labels
+            ``(b, ...)`` as stored, int32 classes or float32 targets (called inside the compiled step).
     """
 
     signature: List[tf.TensorSpec]
@@ -44,20 +44,20 @@ class StepInputs:
 
 def gathered(x_train: tf.Tensor, y_train: tf.Tensor) -> StepInputs:
     """Steps called with int32 ``(b,)`` indices into the training set held on the device,
-    ``(n, H, W, C)`` and ``(n,)`` int32: only the indices cross to the device each step."""
+    ``(n, H, W, C)`` images and ``(n, ...)`` labels: only the indices cross to the device each step."""
     return StepInputs([tf.TensorSpec([None], tf.int32)],
                       lambda indices: (to_model_input(tf.gather(x_train, indices)), tf.gather(y_train, indices)))
 
 
-def streamed(image_shape, image_dtype: tf.DType) -> StepInputs:
+def streamed(image_shape, image_dtype: tf.DType, label_shape=(), label_dtype: tf.DType = tf.int32) -> StepInputs:
     """Steps called with a batch from tf.data: images ``(b, *image_shape)`` of ``image_dtype`` and
-    int32 labels ``(b,)``."""
-    return StepInputs([tf.TensorSpec([None, *image_shape], image_dtype), tf.TensorSpec([None], tf.int32)],
+    labels ``(b, *label_shape)`` of ``label_dtype``."""
+    return StepInputs([tf.TensorSpec([None, *image_shape], image_dtype), tf.TensorSpec([None, *label_shape], label_dtype)],
                       lambda images, labels: (to_model_input(images), labels))
 
 
 def make_train_step(model: tf.keras.Model, optimizer, world_size: int, inputs: StepInputs,
-                    sums: tf.Variable, loss_scale: Optional[DynamicLossScale] = None,
+                    objective: Objective, sums: tf.Variable, loss_scale: Optional[DynamicLossScale] = None,
                     xla: bool = False) -> Tuple[Callable, Optional[Callable]]:
     """Build this rank's compiled training step.
 
@@ -67,7 +67,9 @@ def make_train_step(model: tf.keras.Model, optimizer, world_size: int, inputs: S
             collectives, on the default path only).
         world_size: number of ranks: the local loss sum is scaled by ``world_size / global_count``.
         inputs: what the step is called with (:func:`gathered`, :func:`streamed`).
-        sums: float64 ``(3,)`` variable that accumulates ``[loss, correct, count]`` of trained examples.
+        objective: the loss and metrics.
+        sums: float64 ``(objective.size,)`` variable that accumulates the objective's sums of
+            trained examples.
         loss_scale: fp16's dynamic loss scale, or None.
         xla: compile the forward and backward pass with XLA.
 
@@ -81,7 +83,7 @@ def make_train_step(model: tf.keras.Model, optimizer, world_size: int, inputs: S
 
     def scaled_loss(images, labels, global_count):
         """The loss whose gradient, averaged over ranks, is the global batch's mean loss gradient."""
-        per_example, batch_sums = loss_and_sums(model(images, training=True), labels)
+        per_example, batch_sums = objective(labels, model(images, training=True))
         # Sum over the local batch scaled by world_size / global_count: Horovod averages the ranks'
         # gradients, so the result is the gradient of the mean loss over the global batch, exact
         # even when local batches differ in size (the last step of an epoch).

@@ -18,7 +18,8 @@ from hvdtrain.data.datasets import Dataset
 from hvdtrain.data.sharding import ShardPlan, eval_shard
 from hvdtrain.data.stream import StreamingDataset
 from hvdtrain.errors import EveryRankError, HvdtrainError
-from hvdtrain.metrics import loss_and_sums, mean_metrics
+from hvdtrain.losses import sparse_categorical_crossentropy
+from hvdtrain.metrics import Accuracy, Objective, prefixed
 from hvdtrain.model.moving_statistics import per_rank_moving_statistics
 from hvdtrain.precision import DynamicLossScale
 from hvdtrain.runtime.dist import DistContext, in_collective
@@ -75,6 +76,8 @@ class Trainer:
             finite is skipped on every rank, its examples left out of the metrics.
         xla: compile the forward and backward pass with XLA (``jit_compile``); the model must
             hold no collective op (synchronized BatchNorm at world size > 1).
+        objective: the loss and the metrics (default: sparse categorical cross-entropy and
+            accuracy); :meth:`fit` reports ``train_<name>`` and ``test_<name>`` of each.
 
     Raises:
         HvdtrainError: for a Keras 3 model or optimizer (:func:`hvdtrain.compat.require_keras2`).
@@ -86,11 +89,12 @@ class Trainer:
                  callbacks: Optional[List[cbs.Callback]] = None,
                  watchdog: Optional[Watchdog] = None, agree_on_writes: bool = False,
                  backward_passes_per_step: int = 1, loss_scale: Optional[DynamicLossScale] = None,
-                 xla: bool = False):
+                 xla: bool = False, objective: Optional[Objective] = None):
         require_keras2(model, optimizer)  # Keras 3's gradients would not be averaged
         self.ctx, self.model, self.optimizer, self.plan = ctx, model, optimizer, plan
         self.backward_passes_per_step = backward_passes_per_step
         self.loss_scale = loss_scale
+        self.objective = objective or Objective(sparse_categorical_crossentropy(), [Accuracy()])
         self.agree_on_writes = agree_on_writes
         self.watchdog = watchdog or Watchdog(lambda: ctx.rank, timeout_s=0)
         self.log_every, self.eval_batch_size = log_every, eval_batch_size
@@ -108,11 +112,11 @@ class Trainer:
                 inputs = gathered(self.x_train, self.y_train)
             else:
                 inputs = streamed(dataset.input_shape, dataset.image_dtype)
-            # Local sums since the epoch began: [loss, correct predictions, examples], float64 so
-            # that sums over an epoch stay exact.
-            self._sums = tf.Variable(tf.zeros(3, tf.float64), trainable=False, name="epoch_sums")
-        self.train_step, self.local_gradients = make_train_step(model, optimizer, ctx.size, inputs, self._sums,
-                                                                loss_scale, xla)
+            # The objective's local sums since the epoch began (loss, examples, each metric's),
+            # float64 so that sums over an epoch stay exact.
+            self._sums = tf.Variable(tf.zeros(self.objective.size, tf.float64), trainable=False, name="epoch_sums")
+        self.train_step, self.local_gradients = make_train_step(model, optimizer, ctx.size, inputs, self.objective,
+                                                                self._sums, loss_scale, xla)
         self.eval_step = self._make_eval_step()
         self.count_non_finite = self._make_count_non_finite()
         self._moving_statistics = per_rank_moving_statistics(model)
@@ -121,9 +125,9 @@ class Trainer:
 
     # ---- compiled steps --------------------------------------------------------------------------
     def _make_eval_step(self):
-        """A compiled function: ``[loss, correct, count]`` sums of one evaluation batch, given as
-        ``(start, end)`` of the test shard in memory, or ``(images, labels)`` streamed."""
-        model = self.model
+        """A compiled function: the objective's sums of one evaluation batch, given as ``(start,
+        end)`` of the test shard in memory, or ``(images, labels)`` streamed."""
+        model, objective = self.model, self.objective
         if self.stream is None:
             signature = [tf.TensorSpec([], tf.int32), tf.TensorSpec([], tf.int32)]
 
@@ -136,7 +140,7 @@ class Trainer:
         @tf.function(input_signature=signature)
         def eval_step(*args):
             images, labels = batch(*args)
-            return loss_and_sums(model(images, training=False), labels)[1]
+            return objective(labels, model(images, training=False))[1]
 
         return eval_step
 
@@ -196,8 +200,8 @@ class Trainer:
 
     # ---- exact global metrics and divergence checks --------------------------------------------------
     def _global_mean(self, local_sums, name: str) -> dict:
-        """Allreduce ``[loss_sum, correct, count]`` and divide: exact over all ranks' examples."""
-        return mean_metrics(self.ctx.allreduce_sum(np.asarray(local_sums), name=name))
+        """Allreduce the objective's sums and compute its metrics: exact over all ranks' examples."""
+        return self.objective.results(self.ctx.allreduce_sum(np.asarray(local_sums), name=name))
 
     @staticmethod
     def _checked(metrics: dict, epoch: int, step: int) -> dict:
@@ -215,8 +219,8 @@ class Trainer:
         return metrics
 
     def _sums_and_state(self, name: str):
-        """Before a save point or an evaluation: one allreduce of the epoch's ``[loss, correct,
-        count]`` sums so far, of each rank's count of NaN and infinite values in the model's
+        """Before a save point or an evaluation: one allreduce of the epoch's objective sums so
+        far, of each rank's count of NaN and infinite values in the model's
         floating-point variables beyond those it started with, and of per-rank BatchNorm's moving
         statistics, which every rank then replaces by their mean over the ranks.
 
@@ -231,17 +235,18 @@ class Trainer:
         noise only.
 
         Returns:
-            ``(sums, non_finite)``: the global sums (float64 array of 3) and the global count (int).
+            ``(sums, non_finite)``: the global sums (float64 array) and the global count (int).
         """
         new = max(0, int(self.count_non_finite()) - self._non_finite_at_start)
         statistics = [v.numpy().ravel() for v in self._moving_statistics]
         total = self.ctx.allreduce_sum(np.concatenate([self._sums.numpy(), [float(new)], *statistics]), name=name)
-        offset = 4
+        size = self.objective.size
+        offset = size + 1
         for variable, local in zip(self._moving_statistics, statistics):
             mean = total[offset:offset + local.size] / self.ctx.size
             variable.assign(mean.reshape(variable.shape).astype(variable.dtype.as_numpy_dtype))
             offset += local.size
-        return total[:3], int(total[3])
+        return total[:size], int(total[size])
 
     def _check_saveable(self, sums, non_finite: int, epoch: int, step: int) -> dict:
         """Stop every rank alike, before a save after ``step`` (0-based) of ``epoch``, if the global
@@ -249,20 +254,20 @@ class Trainer:
         is NaN or infinite.
 
         Returns:
-            The training metrics of ``sums`` (:func:`mean_metrics`), when both are finite.
+            The training metrics of ``sums`` (:meth:`Objective.results`), when both are finite.
 
         Raises:
             EveryRankError: when either is not.
         """
-        metrics = self._checked(mean_metrics(sums), epoch, step)
+        metrics = self._checked(self.objective.results(sums), epoch, step)
         if non_finite:
             raise diverged(f"{non_finite:,} value(s) of the model's variables are NaN or infinite at the "
                            f"check after epoch {epoch + 1}, step {step + 1}")
         return metrics
 
     def evaluate(self) -> dict:
-        """Loss and accuracy over the whole test set, each example counted once (a collective)."""
-        sums = np.zeros(3)
+        """The loss and metrics over the whole test set, each example counted once (a collective)."""
+        sums = np.zeros(self.objective.size)
         if self.stream is None:
             n = int(self.y_test.shape[0])
             for start in range(0, n, self.eval_batch_size):
@@ -344,8 +349,8 @@ class Trainer:
             for cb in self.callbacks:
                 cb.on_epoch_begin(epoch, steps, first)
             # The sums of the steps before `first` are global: they enter once, on rank 0.
-            carried = np.asarray(here.epoch_sums if here.mid_epoch and here.epoch_sums else np.zeros(3), np.float64)
-            self._sums.assign(carried if self.ctx.is_chief else np.zeros(3))
+            carried = self.objective.start_sums(here.epoch_sums if here.mid_epoch else None)
+            self._sums.assign(carried if self.ctx.is_chief else np.zeros_like(carried))
             began = time.perf_counter()
             for step, inputs, global_count in self._epoch_inputs(epoch, first, here.example):
                 if self.backward_passes_per_step > 1:
@@ -371,10 +376,9 @@ class Trainer:
             if not np.isfinite(test["loss"]):  # finite variables, but outputs that overflow
                 raise diverged(f"the global test loss is {test['loss']} after epoch {epoch + 1}")
             metrics = {
-                "train_loss": train["loss"], "train_accuracy": train["accuracy"],
-                "test_loss": test["loss"], "test_accuracy": test["accuracy"],
+                **prefixed("train", train), **prefixed("test", test),
                 "train_examples": train["count"],
-                "images_per_sec": (train["count"] - carried[2]) / elapsed,
+                "images_per_sec": (train["count"] - carried[1]) / elapsed,
                 "epoch_time_s": elapsed,
                 "lr": float(self.optimizer.learning_rate(self.optimizer.iterations))
                 if callable(self.optimizer.learning_rate) else float(self.optimizer.learning_rate),
@@ -387,6 +391,7 @@ class Trainer:
             self.watchdog.beat(f"the end of epoch {epoch + 1}")
         if not metrics:  # nothing left to train (epochs reached): report the test metrics
             test = self.evaluate()
-            metrics = {"test_loss": test["loss"], "test_accuracy": test["accuracy"], "world_size": self.ctx.size}
+            metrics = {**prefixed("test", test), "world_size": self.ctx.size}
             self._write_hook("on_evaluation_only", start, metrics)
         return metrics
+

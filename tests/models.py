@@ -295,3 +295,12 @@ def keras3_mlp(input_shape, num_classes):
     import keras
 
     return keras.Sequential([keras.Input(input_shape), keras.layers.Flatten(), keras.layers.Dense(num_classes)])
+
+
+def cnn_keras_bn(input_shape, num_classes):
+    """:func:`cnn_sync_bn` with Keras' BatchNormalization: each rank normalizes with its own batch's statistics."""
+    inputs = tf.keras.Input(input_shape)
+    x = tf.keras.layers.Conv2D(8, 3, padding="same", use_bias=False)(inputs)
+    x = tf.keras.layers.ReLU()(tf.keras.layers.BatchNormalization()(x))
+    x = tf.keras.layers.Flatten()(tf.keras.layers.MaxPool2D()(x))
+    return tf.keras.Model(inputs, tf.keras.layers.Dense(num_classes)(x), name="test_cnn_keras_bn")

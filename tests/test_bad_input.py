@@ -69,7 +69,7 @@ def resume_from(tmp, trained_run, model="tests.models:mlp", truncate=False, step
     if step_in_epoch is not None:  # as if written mid-epoch (--checkpoint-every)
         meta_file = sorted((run_dir / "checkpoints").iterdir())[-1] / "meta.json"
         meta = json.loads(meta_file.read_text())
-        meta.update(epoch=0, step_in_epoch=step_in_epoch, epoch_sums=[0.0, 0.0, 0.0])
+        meta.update(epoch=0, step_in_epoch=step_in_epoch, epoch_sums=[0.0, 0.0, 0.0, 0.0])
         meta_file.write_text(json.dumps(meta))
     if truncate:
         ckpt = sorted((run_dir / "checkpoints").iterdir())[-1]
@@ -134,7 +134,7 @@ CASES = [
     ("a corrupt label adds classes", lambda t, r: npz(t, y_train=np.r_[np.arange(11) % 4, 200]),
      "the labels go up to 200, but no training example has class 4, 5, 6, 7, 8 and 191 more"),
     ("NPZ missing key", lambda t, r: npz(t, y_test=None), "missing key(s) ['y_test']"),
-    ("NPZ wrong dtype", lambda t, r: npz(t, y_train=np.arange(12, dtype=np.float32)), "y_train must be integer labels"),
+    ("NPZ wrong dtype", lambda t, r: npz(t, y_train=np.arange(12, dtype=np.float32)), "y_train must be integer class labels, got dtype float32"),
     ("NPZ wrong shape", lambda t, r: npz(t, x_train=np.zeros((12, 6), np.uint8)), "x_train must have shape (n, H, W[, C])"),
     ("NPZ object arrays", lambda t, r: npz(t, x_train=np.array([object()] * 12, dtype=object)),
      "cannot load without unpickling"),
@@ -147,6 +147,17 @@ CASES = [
     ("negative epochs", lambda t, r: ["--epochs", "-1"], "--epochs must be an integer >= 0, got -1"),
     ("non-finite learning rate", lambda t, r: ["--lr", "nan"], "--lr must be finite and > 0, got nan"),
     ("unknown model name", lambda t, r: [*SYNTHETIC, "--model", "vgg"], "--model 'vgg': unknown model"),
+    ("a model whose outputs do not fit per-pixel labels",
+     lambda t, r: npz(t, y_train=np.arange(12 * 36).reshape(12, 6, 6) % 4, y_test=np.arange(5 * 36).reshape(5, 6, 6) % 4)
+     + ["--batch-size", "4"],
+     "--model 'tests.models:mlp': the model outputs shape (2, 4) for 2 images, expected (2, 6, 6, 4) logits of the 4 "
+     "classes for labels of shape (6, 6) per image"),
+    ("a metric that does not fit the labels", lambda t, r: [*SYNTHETIC, *MLP, "--loss", "mse", "--metrics", "mean_iou"],
+     "--metrics mean_iou: needs class-index labels, but the loss mse takes targets"),
+    ("unknown metric", lambda t, r: ["--metrics", "accuracy,f1"],
+     "--metrics must be comma-separated names among ('accuracy', 'top5', 'mean_iou'), got 'accuracy,f1'"),
+    ("targets from a stream of classes", lambda t, r: ["--data", "tests.datafns:fashion", "--loss", "mse", *MLP],
+     "--loss mse takes targets as labels, but"),
     ("XLA with synchronized BatchNorm", lambda t, r: [*SYNTHETIC, "--xla"],
      "--xla compiles the forward and backward pass, which cannot hold the allreduce of synchronized BatchNorm"),
     ("model module missing", lambda t, r: [*SYNTHETIC, "--model", "no_such_module:fn"],

@@ -27,6 +27,14 @@ def test_checkpoints_without_example_in_epoch_give_it_from_their_global_batch(me
     assert TrainPosition.from_meta(meta, num_examples=1000).example == example
 
 
+def test_sums_of_checkpoints_from_before_chosen_metrics_take_the_default_objectives_layout():
+    meta = {"epoch": 1, "step_in_epoch": 4, "example_in_epoch": 512, "epoch_sums": [30.0, 400.0, 512.0],
+            "config": {"epochs": 2}}  # (loss sum, correct, count); its config has no task
+    assert TrainPosition.from_meta(meta, 1000).epoch_sums == (30.0, 512.0, 400.0, 512.0)
+    meta["config"]["task"] = {"loss": "mse", "metrics": ""}  # three sums of today's layout are left as they are
+    assert TrainPosition.from_meta(meta, 1000).epoch_sums == (30.0, 400.0, 512.0)
+
+
 def test_position_is_immutable_and_hashable():
     position = TrainPosition(1, 2, 3, [1, 2, 3])
     with pytest.raises(AttributeError):

@@ -11,11 +11,11 @@ import hashlib
 import os
 import zipfile
 import zlib
-from typing import Tuple
+from typing import Optional, Tuple
 
 import numpy as np
 
-from hvdtrain.config import DEFAULT_DATA_DIR
+from hvdtrain.config import CLASSES, DEFAULT_DATA_DIR, TARGETS
 from hvdtrain.errors import HvdtrainError, describe_differences
 
 # IDX type codes (http://yann.lecun.com/exdb/mnist/, "THE IDX FILE FORMAT") -> big-endian dtypes.
@@ -30,15 +30,19 @@ _IDX_FILES = {
 
 @dataclasses.dataclass(frozen=True)
 class Dataset:
-    """An in-memory image-classification dataset.
+    """An in-memory dataset of images and their labels.
 
     Attributes:
         x_train: images, shape ``(n_train, H, W, C)``, dtype uint8 (pixels 0-255) or float32.
-        y_train: labels, shape ``(n_train,)``, int32 in ``[0, num_classes)``.
+        y_train: labels ``(n_train, ...)``: int32 class indices in ``[0, num_classes)`` (one per
+            image, or a map of one per pixel ``(n_train, H', W')`` for segmentation), or float32
+            targets (``labels == "targets"``).
         x_test: images, shape ``(n_test, H, W, C)``, same dtype as ``x_train``.
-        y_test: labels, shape ``(n_test,)``, int32.
-        num_classes: number of classes.
+        y_test: labels ``(n_test, ...)``, as ``y_train``.
+        num_classes: ``K``, the model's outputs per label: the class count, or for targets the
+            size of their last axis (1 for scalar targets).
         name: where it came from, for the banner.
+        labels: ``"classes"`` or ``"targets"`` (:data:`hvdtrain.losses.CLASSES`, ``TARGETS``).
     """
 
     x_train: np.ndarray
@@ -47,11 +51,17 @@ class Dataset:
     y_test: np.ndarray
     num_classes: int
     name: str
+    labels: str = CLASSES
 
     @property
     def input_shape(self) -> Tuple[int, int, int]:
         """``(H, W, C)`` of one image."""
         return tuple(self.x_train.shape[1:])
+
+    @property
+    def label_shape(self) -> Tuple[int, ...]:
+        """The shape of one example's label: ``()`` for one class index or scalar target."""
+        return tuple(self.y_train.shape[1:])
 
     @property
     def num_train(self) -> int:
@@ -71,7 +81,13 @@ class Dataset:
             digest.update(np.ascontiguousarray(array).data)
         return {"train_examples": len(self.y_train), "test_examples": len(self.y_test),
                 "image_shape": list(self.input_shape), "dtype": str(self.x_train.dtype),
-                "num_classes": int(self.num_classes), "digest": digest.hexdigest()}
+                "num_classes": int(self.num_classes), **self._label_fingerprint(), "digest": digest.hexdigest()}
+
+    def _label_fingerprint(self) -> dict:
+        """Labels other than one class index per image (so that older fingerprints stay the same)."""
+        if self.labels == CLASSES and not self.label_shape:
+            return {}
+        return {"labels": self.labels, "label_shape": list(self.label_shape)}
 
 
 def data_mismatch(rank: int, fingerprint: dict, chief: dict) -> HvdtrainError:
@@ -155,12 +171,14 @@ def load_idx_dir(data_dir: str) -> Dataset:
 
 
 # ---- NPZ -----------------------------------------------------------------------------------------
-def load_npz(path: str) -> Dataset:
+def load_npz(path: str, labels: Optional[str] = CLASSES) -> Dataset:
     """Load a ``keras.datasets``-layout NPZ file: ``x_train, y_train, x_test, y_test``.
 
     Args:
         path: ``.npz`` file. Images ``(n, H, W)`` or ``(n, H, W, C)``, uint8 or floating point;
-            labels ``(n,)`` or ``(n, 1)``, integer.
+            class labels ``(n,)`` or ``(n, 1)`` (or ``(n, H', W')``, one per pixel), integer;
+            targets ``(n, ...)``, numeric.
+        labels: ``"classes"``, ``"targets"`` or None, as the loss takes them (:func:`validate`).
 
     Returns:
         A validated :class:`Dataset` (images given a channel axis if they had none).
@@ -194,10 +212,11 @@ def load_npz(path: str) -> Dataset:
     for key in ("x_train", "x_test"):
         if arrays[key].ndim == 3:
             arrays[key] = arrays[key][..., None]
+    labels = label_kind(arrays["y_train"], labels)
     for key in ("y_train", "y_test"):
-        if arrays[key].ndim == 2 and arrays[key].shape[1] == 1:
+        if labels == CLASSES and arrays[key].ndim == 2 and arrays[key].shape[1] == 1:
             arrays[key] = arrays[key][:, 0]
-    return validate(name=f"npz:{path}", **arrays)
+    return validate(name=f"npz:{path}", labels=labels, **arrays)
 
 
 # ---- synthetic -------------------------------------------------------------------------------------
@@ -228,20 +247,31 @@ def make_synthetic(num_train: int = 6000, num_test: int = 1000, image_shape=(28,
 
 
 # ---- validation ----------------------------------------------------------------------------------
-def validate(x_train, y_train, x_test, y_test, name: str, num_classes: int = 0) -> Dataset:
+def label_kind(y: np.ndarray, labels: Optional[str]) -> str:
+    """``labels``, or where it is None (a loss that takes either), what ``y`` holds: integer labels
+    are ``"classes"``, any other ``"targets"``."""
+    return labels or (CLASSES if np.issubdtype(y.dtype, np.integer) else TARGETS)
+
+
+def validate(x_train, y_train, x_test, y_test, name: str, num_classes: int = 0,
+             labels: Optional[str] = CLASSES) -> Dataset:
     """Check shapes, dtypes, counts and label range, and return a :class:`Dataset`.
 
     Args:
         x_train, x_test: images ``(n, H, W, C)``, uint8 or floating point.
-        y_train, y_test: integer labels ``(n,)``.
+        y_train, y_test: labels ``(n, ...)``, the same shape per example in both splits.
         name: for messages.
-        num_classes: label count; 0 infers ``max(label) + 1`` over both splits.
+        num_classes: class count; 0 infers ``max(label) + 1`` over both splits (classes only).
+        labels: ``"classes"``: integer class indices (stored int32); ``"targets"``: numbers,
+            stored float32 (``num_classes`` becomes the size of their last axis, 1 for scalars);
+            None: by ``y_train``'s dtype (:func:`label_kind`).
 
     Raises:
         HvdtrainError: naming the array and the problem (dtype, shape, count mismatch, empty,
             label out of range, a class with no training example when ``num_classes`` is
-            inferred, non-finite pixels).
+            inferred, non-finite pixels or targets).
     """
+    labels = label_kind(y_train, labels)
     for key, x in (("x_train", x_train), ("x_test", x_test)):
         if x.dtype != np.uint8 and not np.issubdtype(x.dtype, np.floating):
             raise HvdtrainError(f"{name}: {key} must be uint8 or floating point, got dtype {x.dtype}")
@@ -257,20 +287,38 @@ def validate(x_train, y_train, x_test, y_test, name: str, num_classes: int = 0) 
     if x_train.shape[1:] != x_test.shape[1:]:
         raise HvdtrainError(f"{name}: train images {x_train.shape[1:]} and test images {x_test.shape[1:]} differ in shape")
     for key, y, x in (("y_train", y_train, x_train), ("y_test", y_test, x_test)):
-        if not np.issubdtype(y.dtype, np.integer):
-            raise HvdtrainError(f"{name}: {key} must be integer labels, got dtype {y.dtype}")
-        if y.ndim != 1:
-            raise HvdtrainError(f"{name}: {key} must have shape (n,), got {y.shape}")
+        if labels == CLASSES and not np.issubdtype(y.dtype, np.integer):
+            raise HvdtrainError(f"{name}: {key} must be integer class labels, got dtype {y.dtype} (targets need "
+                                f"--loss binary_crossentropy or mse)")
+        if labels == TARGETS and not (np.issubdtype(y.dtype, np.integer) or np.issubdtype(y.dtype, np.floating)):
+            raise HvdtrainError(f"{name}: {key} must be numeric targets, got dtype {y.dtype}")
+        if y.ndim < 1:
+            raise HvdtrainError(f"{name}: {key} must have shape (n, ...), got {y.shape}")
         if len(y) != len(x):
             raise HvdtrainError(f"{name}: {len(x)} images but {len(y)} labels in {key}")
-    num_classes = check_labels(name, y_train, y_test, num_classes)
+    if y_train.shape[1:] != y_test.shape[1:]:
+        raise HvdtrainError(f"{name}: train labels {y_train.shape[1:]} and test labels {y_test.shape[1:]} differ in "
+                            f"shape")
+    if labels == CLASSES:
+        num_classes = check_labels(name, y_train, y_test, num_classes)
+        y_train, y_test = y_train.astype(np.int32), y_test.astype(np.int32)
+    else:
+        with np.errstate(over="ignore"):
+            y_train, y_test = y_train.astype(np.float32), y_test.astype(np.float32)
+        if len(y_train) == 0 or len(y_test) == 0:
+            raise HvdtrainError(f"{name}: empty dataset ({len(y_train)} training, {len(y_test)} test examples)")
+        for key, y in (("y_train", y_train), ("y_test", y_test)):
+            if not np.all(np.isfinite(y)):
+                raise HvdtrainError(f"{name}: {key} contains NaN or Inf (or values beyond float32's range, 3.4e38)")
+        num_classes = y_train.shape[-1] if y_train.ndim > 1 else 1
     return Dataset(
         x_train=np.ascontiguousarray(x_train),
-        y_train=y_train.astype(np.int32),
+        y_train=np.ascontiguousarray(y_train),
         x_test=np.ascontiguousarray(x_test),
-        y_test=y_test.astype(np.int32),
+        y_test=np.ascontiguousarray(y_test),
         num_classes=num_classes,
         name=name,
+        labels=labels,
     )
 
 
@@ -311,16 +359,19 @@ def check_labels(name: str, y_train: np.ndarray, y_test: np.ndarray, num_classes
     return num_classes
 
 
-def load_dataset(kind: str, data_dir: str, seed: int = 0) -> Dataset:
-    """Load the dataset named by ``--dataset`` (``idx``, ``npz`` or ``synthetic``) from ``--data-dir``.
+def load_dataset(kind: str, data_dir: str, seed: int = 0, labels: Optional[str] = CLASSES) -> Dataset:
+    """Load the dataset named by ``--dataset`` (``idx``, ``npz`` or ``synthetic``) from ``--data-dir``,
+    its labels read as ``labels`` (``"classes"``, ``"targets"`` or None, as the loss takes them).
 
     Raises:
         HvdtrainError: for an unknown kind, or whatever the loader raises.
     """
-    if kind == "idx":
-        return load_idx_dir(data_dir)
     if kind == "npz":
-        return load_npz(data_dir)
-    if kind == "synthetic":
-        return make_synthetic(seed=seed)
-    raise HvdtrainError(f"unknown dataset {kind!r}; choose idx, npz or synthetic")
+        return load_npz(data_dir, labels)
+    if kind not in ("idx", "synthetic"):
+        raise HvdtrainError(f"unknown dataset {kind!r}; choose idx, npz or synthetic")
+    dataset = load_idx_dir(data_dir) if kind == "idx" else make_synthetic(seed=seed)
+    if labels in (CLASSES, None):
+        return dataset
+    # Class indices as targets (a regression onto them, say).
+    return validate(dataset.x_train, dataset.y_train, dataset.x_test, dataset.y_test, dataset.name, labels=labels)

@@ -1,9 +1,9 @@
 """Opening the configured dataset on every rank: in memory, or streamed by tf.data."""
 from __future__ import annotations
 
-from typing import Union
+from typing import Optional, Union
 
-from hvdtrain.config import DataConfig
+from hvdtrain.config import CLASSES, DataConfig
 from hvdtrain.data.datasets import Dataset, check_labels, load_dataset
 from hvdtrain.data.stream import StreamingDataset
 
@@ -12,7 +12,8 @@ from hvdtrain.data.stream import StreamingDataset
 LOADING_MAX_S = 6 * 3600.0
 
 
-def open_dataset(ctx, data: DataConfig, seed: int, watchdog) -> Union[Dataset, StreamingDataset]:
+def open_dataset(ctx, data: DataConfig, seed: int, watchdog, labels: Optional[str] = CLASSES
+                 ) -> Union[Dataset, StreamingDataset]:
     """The dataset ``data`` configures, on every rank (a collective).
 
     In-memory datasets are read whole by every rank. TFRecord shards are indexed by rank 0 (once,
@@ -24,6 +25,9 @@ def open_dataset(ctx, data: DataConfig, seed: int, watchdog) -> Union[Dataset, S
         data: the data settings.
         seed: the run's seed.
         watchdog: paused while the data is read (it can take long the first time).
+        labels: in-memory datasets: their labels as the loss takes them, ``"classes"``,
+            ``"targets"`` or None (:func:`hvdtrain.data.datasets.validate`). Streamed datasets
+            hold class indices.
 
     Raises:
         FoundHere / PeerFailure: holding the :class:`HvdtrainError` of the rank that failed, on
@@ -57,6 +61,6 @@ def open_dataset(ctx, data: DataConfig, seed: int, watchdog) -> Union[Dataset, S
         opened = ctx.guarded("opening --data", lambda: open_function(data.function, ctx.rank, ctx.size, seed,
                                                                       data.num_classes, check_labels))
     else:
-        opened = ctx.guarded("loading data", lambda: load_dataset(data.dataset, data.data_dir, seed))
+        opened = ctx.guarded("loading data", lambda: load_dataset(data.dataset, data.data_dir, seed, labels))
     watchdog.beat("loaded data")
     return opened

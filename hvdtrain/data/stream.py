@@ -23,6 +23,7 @@ from typing import List, Sequence, Tuple
 
 import tensorflow as tf
 
+from hvdtrain.config import CLASSES
 from hvdtrain.data import images
 from hvdtrain.data.sharding import ShardPlan
 from hvdtrain.errors import HvdtrainError
@@ -128,6 +129,9 @@ class StreamingDataset:
         self.name, self.train, self.test = name, train, test
         self.num_classes, self.view, self.seed = num_classes, view, seed
         self._identity = identity
+
+    labels = CLASSES  # one int32 class index per image
+    label_shape: Tuple[int, ...] = ()
 
     @property
     def num_train(self) -> int:

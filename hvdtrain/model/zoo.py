@@ -1,11 +1,13 @@
-"""Models: the seed CNN, a CIFAR-style ResNet-20, and users' own models named ``module:function``.
+"""Models: the seed CNN, a CIFAR-style ResNet-20, a small U-Net, and users' own models named
+``module:function``.
 
-Every model maps float32 images ``(batch, H, W, C)`` scaled to [0, 1] to logits ``(batch, classes)``.
+Every model maps float32 images ``(batch, H, W, C)`` scaled to [0, 1] to logits: ``(batch, K)``
+for classification, ``(batch, H, W, K)`` per pixel for segmentation (``unet``).
 """
 from __future__ import annotations
 
 import sys
-from typing import Callable, Optional, Tuple
+from typing import Callable, Optional, Tuple, Union
 
 import tensorflow as tf
 
@@ -14,7 +16,7 @@ from hvdtrain.errors import HvdtrainError, say
 from hvdtrain.imports import import_function
 from hvdtrain.model.sync_bn import SyncBatchNormalization
 
-BUILTIN_MODELS = ("cnn", "resnet20")
+BUILTIN_MODELS = ("cnn", "resnet20", "unet")
 
 
 @tf.keras.utils.register_keras_serializable(package="hvdtrain")
@@ -175,39 +177,120 @@ def resnet20(input_shape: Tuple[int, int, int], num_classes: int, norm: Optional
     return tf.keras.Model(inputs, outputs, name="resnet20")
 
 
-def build_model(spec: str, input_shape: Tuple[int, int, int], num_classes: int, sync_bn: bool = True,
-                seed: int = 0, rank: int = 0) -> tf.keras.Model:
-    """Build the model named by ``--model``.
+def unet(input_shape: Tuple[int, int, int], num_classes: int, norm: Optional[Norm] = None,
+         filters: Tuple[int, ...] = (16, 32, 64), **_unused) -> tf.keras.Model:
+    """A small U-Net: per-pixel logits ``(batch, H, W, K)``, batch norm after every convolution.
+
+    Ronneberger, Fischer & Brox, "U-Net: Convolutional Networks for Biomedical Image
+    Segmentation", MICCAI 2015, with "same" padding (outputs the size of the inputs) and batch
+    norm: an encoder of (conv3x3-BN-ReLU) x2 then 2x2 max-pooling per level, and a decoder that
+    upsamples (2x2 transposed convolution, stride 2), concatenates the encoder's features of that
+    scale and applies (conv3x3-BN-ReLU) x2; a 1x1 convolution gives the logits. Segmentation is
+    where synchronized batch norm matters most: local batches are small, and per-rank statistics
+    of a few images are noisy.
 
     Args:
-        spec: ``"cnn"``, ``"resnet20"``, or ``"package.module:function"`` naming a function called
-            as ``function(input_shape=(H, W, C), num_classes=K)`` that returns an uncompiled
-            ``tf.keras.Model`` mapping ``(batch, H, W, C)`` float32 images in [0, 1] to
-            ``(batch, K)`` logits. (Use :class:`hvdtrain.SyncBatchNormalization` in it for
-            synchronized batch statistics.)
+        input_shape: ``(H, W, C)``; H and W divisible by ``2 ** (len(filters) - 1)``.
+        num_classes: logits per pixel.
+        norm: applies each batch norm and the ReLU after it; default :func:`norm_factory` ``()``
+            (synchronized).
+        filters: channels per level, from the top.
+
+    Raises:
+        HvdtrainError: if H or W is not divisible by the total pooling factor.
+    """
+    norm = norm or norm_factory()
+    factor = 2 ** (len(filters) - 1)
+    if input_shape[0] % factor or input_shape[1] % factor:
+        raise HvdtrainError(f"--model unet pools {len(filters) - 1} times: the images' height and width must be "
+                            f"multiples of {factor}, got {input_shape[0]}x{input_shape[1]}")
+
+    def block(x, channels):
+        for _ in range(2):
+            x = tf.keras.layers.Conv2D(channels, 3, padding="same", use_bias=False, kernel_initializer="he_normal")(x)
+            x = norm(x, relu=True)
+        return x
+
+    inputs = tf.keras.Input(input_shape)
+    x, skips = inputs, []
+    for channels in filters[:-1]:
+        x = block(x, channels)
+        skips.append(x)
+        x = tf.keras.layers.MaxPool2D()(x)
+    x = block(x, filters[-1])
+    for channels, skip in zip(reversed(filters[:-1]), reversed(skips)):
+        x = tf.keras.layers.Conv2DTranspose(channels, 2, strides=2)(x)
+        x = block(tf.keras.layers.Concatenate()([skip, x]), channels)
+    outputs = tf.keras.layers.Conv2D(num_classes, 1)(x)
+    return tf.keras.Model(inputs, outputs, name="unet")
+
+
+def build_model(spec: Union[str, Callable], input_shape: Tuple[int, int, int], num_classes: int, sync_bn: bool = True,
+                seed: int = 0, rank: int = 0, output_shape: Optional[Tuple[int, ...]] = None,
+                outputs: str = "logits") -> tf.keras.Model:
+    """Build the model named by ``--model`` and check its output shape.
+
+    Args:
+        spec: ``"cnn"``, ``"resnet20"``, ``"unet"``, or a function (itself, or its
+            ``"package.module:function"`` name) called as ``function(input_shape=(H, W, C),
+            num_classes=K)`` that returns an
+            uncompiled ``tf.keras.Model`` mapping ``(batch, H, W, C)`` float32 images in [0, 1]
+            to ``(batch, *output_shape)`` outputs. (Use :class:`hvdtrain.SyncBatchNormalization`
+            in it for synchronized batch statistics.)
         input_shape: ``(H, W, C)``.
         num_classes: ``K``.
         sync_bn: for built-in models, synchronized (True) or per-rank batch normalization.
         seed, rank: seed built-in models' dropout masks. With a model function, rank 0 warns (on
             stderr) if the model has Keras random layers (``Dropout``...), which resumes cannot repeat.
+        output_shape: the outputs' shape per example that the labels need (default ``(K,)``).
+        outputs: what they are, for the message of a wrong shape.
 
     Returns:
         The built ``tf.keras.Model``.
 
     Raises:
         HvdtrainError: for an unknown name, a module or function that cannot be imported, a
-            function that does not return a Keras model or returns a Keras 3 one, or a model that fails on a batch of two
-            images or does not return one ``(2, K)`` tensor for it.
+            function that does not return a Keras model or returns a Keras 3 one, or a model that
+            fails on a batch of two images or does not return one ``(2, *output_shape)`` tensor for it.
     """
-    if spec == "cnn":
-        return seed_cnn(input_shape, num_classes, norm=norm_factory(sync_bn), seed=seed, rank=rank)
-    if spec == "resnet20":
-        return resnet20(input_shape, num_classes, norm=norm_factory(sync_bn))
+    if callable(spec):
+        model = _user_model(spec, spec, input_shape, num_classes, rank)
+        spec = getattr(spec, "__name__", type(spec).__name__)
+    elif spec in BUILTIN_MODELS:
+        build = {"cnn": seed_cnn, "resnet20": resnet20, "unet": unet}[spec]
+        model = build(input_shape, num_classes, norm=norm_factory(sync_bn), seed=seed, rank=rank)
+    else:
+        model = _user_model(_import_model(spec), spec, input_shape, num_classes, rank)
+    # One inference call on two images (no collectives: synchronized BatchNorm uses its moving
+    # statistics) checks what Keras' output_shape may not tell: subclassed models have none.
+    try:
+        out = model(tf.zeros((2, *input_shape)), training=False)
+    except (Exception, SystemExit) as e:  # noqa: BLE001 -- the user's code
+        first_line = (str(e).strip().splitlines() or [""])[0]
+        raise HvdtrainError(f"--model {spec!r}: the model fails on a batch of (2, {', '.join(map(str, input_shape))}) "
+                            f"images: {type(e).__name__}: {first_line}") from e
+    expected = (2, *(output_shape if output_shape is not None else (num_classes,)))
+    if not tf.is_tensor(out):
+        raise HvdtrainError(f"--model {spec!r}: the model returns {type(out).__name__}, expected one {expected} "
+                            f"tensor of {outputs} for 2 images")
+    if tuple(out.shape) != expected:
+        raise HvdtrainError(f"--model {spec!r}: the model outputs shape {tuple(out.shape)} for 2 images, expected "
+                            f"{expected} {outputs}")
+    return model
+
+
+def _import_model(spec: str) -> Callable:
+    """The function a ``package.module:function`` ``--model`` names."""
     if ":" not in spec:
         raise HvdtrainError(f"--model {spec!r}: unknown model; choose one of {BUILTIN_MODELS} or 'package.module:function'")
     if spec.startswith(":") or spec.endswith(":"):
         raise HvdtrainError(f"--model {spec!r}: expected one of {BUILTIN_MODELS} or 'package.module:function'")
-    fn = import_function(spec, "--model")
+    return import_function(spec, "--model")
+
+
+def _user_model(fn: Callable, spec, input_shape: Tuple[int, int, int], num_classes: int, rank: int) -> tf.keras.Model:
+    """The model of a user's model function ``fn`` (``spec``: it, or its name), built (see :func:`build_model`)."""
+    spec = spec if isinstance(spec, str) else getattr(spec, "__name__", type(spec).__name__)
     try:
         model = fn(input_shape=tuple(input_shape), num_classes=num_classes)
     except HvdtrainError:
@@ -223,21 +306,6 @@ def build_model(spec: str, input_shape: Tuple[int, int, int], num_classes: int, 
         except (Exception, SystemExit) as e:  # noqa: BLE001 -- the user's code
             raise HvdtrainError(f"--model {spec!r}: cannot build the model for inputs (None, "
                                 f"{', '.join(map(str, input_shape))}): {type(e).__name__}: {e}") from e
-    # One inference call on two images (no collectives: synchronized BatchNorm uses its moving
-    # statistics) checks what Keras' output_shape may not tell: subclassed models have none.
-    try:
-        out = model(tf.zeros((2, *input_shape)), training=False)
-    except (Exception, SystemExit) as e:  # noqa: BLE001 -- the user's code
-        first_line = (str(e).strip().splitlines() or [""])[0]
-        raise HvdtrainError(f"--model {spec!r}: the model fails on a batch of (2, {', '.join(map(str, input_shape))}) "
-                            f"images: {type(e).__name__}: {first_line}") from e
-    if not tf.is_tensor(out):
-        raise HvdtrainError(f"--model {spec!r}: the model returns {type(out).__name__}, expected one (batch, "
-                            f"{num_classes}) tensor of logits")
-    out_shape = tuple(out.shape)
-    if out_shape != (2, num_classes):
-        raise HvdtrainError(f"--model {spec!r}: the model outputs shape {out_shape} for 2 images, expected "
-                            f"(2, {num_classes}) logits")
     random = sorted({type(m).__name__ for m in model.submodules
                      if isinstance(m, tf.keras.__internal__.layers.BaseRandomLayer)})
     if random and rank == 0:

@@ -95,7 +95,7 @@ def test_npz_keras_layout(tmp_path):
 @pytest.mark.parametrize("overrides, message", [
     (dict(y_test=None), r"missing key\(s\) \['y_test'\]"),
     (dict(x_train=np.array([object()] * 12, dtype=object)), "cannot load without unpickling"),
-    (dict(y_train=np.arange(12, dtype=np.float32)), "y_train must be integer labels"),
+    (dict(y_train=np.arange(12, dtype=np.float32)), "y_train must be integer class labels, got dtype float32"),
     (dict(x_train=np.zeros((12, 6), np.uint8)), r"x_train must have shape \(n, H, W\[, C\]\)"),
     (dict(y_train=np.arange(11)), "12 images but 11 labels"),
     (dict(y_train=np.arange(12) - 1), r"labels must be in \[0, 11\), found range \[-1, 10\]"),

@@ -147,13 +147,28 @@ def test_set_dropout_rank_reaches_nested_models_and_only_seeded_dropout():
     ("wrong_outputs", r"the model outputs shape \(2, 11\) for 2 images, expected \(2, 10\) logits"),
     ("subclassed_wrong_outputs", r"the model outputs shape \(2, 12\) for 2 images, expected \(2, 10\) logits"),
     ("per_pixel_outputs", r"the model outputs shape \(2, 26, 26, 10\) for 2 images, expected \(2, 10\) logits"),
-    ("returns_a_dict", r"the model returns dict, expected one \(batch, 10\) tensor of logits"),
+    ("returns_a_dict", r"the model returns dict, expected one \(2, 10\) tensor of logits for 2 images"),
     ("fails_when_called", r"the model fails on a batch of \(2, 28, 28, 1\) images: (ValueError|InvalidArgumentError)"),
 ])
 def test_a_model_function_with_the_wrong_outputs_is_refused(function, message):
     """Checked by calling the model on two images: Keras knows no output shape for a subclassed model."""
     with pytest.raises(HvdtrainError, match=rf"--model 'tests.models:{function}': {message}"):
         build_model(f"tests.models:{function}", (28, 28, 1), 10)
+
+
+def test_the_output_shape_asked_for_is_checked_for_built_in_models_too():
+    with pytest.raises(HvdtrainError, match=r"--model 'cnn': the model outputs shape \(2, 10\) for 2 images, expected "
+                                            r"\(2, 28, 28, 10\) per-pixel logits"):
+        build_model("cnn", (28, 28, 1), 10, output_shape=(28, 28, 10), outputs="per-pixel logits")
+
+
+def test_unet_gives_per_pixel_logits_and_refuses_sizes_it_cannot_pool():
+    model = build_model("unet", (28, 28, 1), 11, output_shape=(28, 28, 11))
+    assert model(tf.zeros((3, 28, 28, 1))).shape == (3, 28, 28, 11)
+    assert sum(isinstance(m, SyncBatchNormalization) and m.synchronized for m in model.layers) == 10
+    with pytest.raises(HvdtrainError, match="--model unet pools 2 times: the images' height and width must be "
+                                            "multiples of 4, got 30x28"):
+        build_model("unet", (30, 28, 1), 11)
 
 
 def test_a_subclassed_model_function_builds():

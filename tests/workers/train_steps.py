@@ -80,7 +80,7 @@ def main():
         x[block[sum(sizes[:ctx.rank]):sum(sizes[:ctx.rank + 1])]] *= 1e6
         trainer.x_train = tf.constant(x)
         trainer.train_step, _ = make_train_step(model, optimizer, ctx.size, gathered(trainer.x_train, trainer.y_train),
-                                                trainer._sums, loss_scale)
+                                                trainer.objective, trainer._sums, loss_scale)
     order = order_of(a.seed, len(dataset.y_train))
     offset = sum(sizes[:ctx.rank])
     after_first, before_overflow, after_overflow = [], [], []

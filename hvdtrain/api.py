@@ -1,0 +1,169 @@
+"""The Python API: :func:`fit` trains with hvdtrain's recipe from a script that every rank runs.
+
+    # train.py -- horovodrun -np 4 python train.py
+    import hvdtrain
+
+    result = hvdtrain.fit(my_model, (x_train, y_train, x_test, y_test), loss="sparse_categorical_crossentropy",
+                          metrics=["accuracy", "top5"], epochs=5, batch_size=64, optim={"base_lr": 0.05})
+    print(result.history[-1]["test_accuracy"])
+
+It is the command line's run (:func:`hvdtrain.recipe.run`) with the caller's own parts: the same
+sharding, synchronized BatchNorm, learning-rate scaling, broadcast, exact metrics, checkpoints
+and fail-fast; ``python -m hvdtrain`` is this with every part named by a flag.
+"""
+from __future__ import annotations
+
+import dataclasses
+import threading
+from typing import Callable, List, Optional, Sequence, Union
+
+from hvdtrain import callbacks as cbs
+from hvdtrain.config import Config
+from hvdtrain.config_file import config_from_flat, flatten, read_config_file
+from hvdtrain.data.datasets import Dataset, validate
+from hvdtrain.errors import Ending, HvdtrainError, RunEnded
+from hvdtrain.runtime.signals import install_stop_handlers
+
+
+@dataclasses.dataclass
+class FitResult:
+    """What :func:`fit` returns on every rank.
+
+    Attributes:
+        model: the trained ``tf.keras.Model`` (the same weights on every rank).
+        history: one dict of global metrics per epoch trained in this call, in order
+            (``train_loss``, ``train_<metric>``, ``test_loss``, ``test_<metric>``, ``lr``,
+            ``images_per_sec``...); empty if there was nothing left to train.
+        metrics: the final metrics: the last epoch's, or the test set's if nothing was trained.
+        config: the resolved :class:`~hvdtrain.config.Config` of the run.
+    """
+
+    model: object
+    history: List[dict]
+    metrics: dict
+    config: Config
+
+
+def fit(model_fn: Union[str, Callable], data=None, *, loss=None, metrics: Optional[Sequence] = None,
+        optimizer=None, config: Union[Config, dict, str, None] = None, callbacks: Sequence[cbs.Callback] = (),
+        **settings) -> FitResult:
+    """Train the model of ``model_fn`` on ``data`` with data-parallel ranks; every rank of the job
+    calls it alike.
+
+    Args:
+        model_fn: a built-in model's name (``cnn``, ``resnet20``, ``unet``) or a function called as
+            ``model_fn(input_shape=(H, W, C), num_classes=K)`` returning an uncompiled
+            ``tf.keras.Model`` (use :class:`hvdtrain.SyncBatchNormalization` for synchronized batch
+            statistics); its outputs must fit the labels (checked first).
+        data: in memory, the same on every rank: a :class:`~hvdtrain.data.datasets.Dataset` or
+            ``(x_train, y_train, x_test, y_test)`` numpy arrays: images ``(n, H, W[, C])`` uint8
+            (pixels 0-255) or float, labels ``(n, ...)`` (int class indices, per image or per
+            pixel; or float targets). None: the config's ``data`` section (files, streams).
+        loss: ``sparse_categorical_crossentropy``, ``binary_crossentropy``, ``mse``, a
+            ``tf.keras.losses.Loss`` or a callable ``(labels, outputs) -> (b, ...)`` losses per
+            example or element (:func:`hvdtrain.losses.get_loss`); None: the config's.
+        metrics: names (``accuracy``, ``top5``, ``mean_iou``), :class:`~hvdtrain.metrics.Metric`
+            objects or callables ``(labels, outputs) -> (b,)`` values averaged over examples;
+            every one exact over all ranks. None: the config's.
+        optimizer: ``sgd``, ``adam``, ``adamw`` (hvdtrain's, on its warmup schedule scaled by
+            world size: ``optim={...}`` sets it up), or your own ``tf.keras`` (Keras 2) optimizer,
+            whose learning rate or ``LearningRateSchedule`` is used as it is, not scaled. Either
+            way Horovod averages the gradients by allreduce before the update. None: the config's.
+        config: a :class:`~hvdtrain.config.Config`, a mapping of its settings as a run file nests
+            them (``{"optim": {"base_lr": 0.1}}``), or a run file's path (YAML); None: defaults.
+        callbacks: :class:`~hvdtrain.callbacks.Callback` objects; those with ``chief_only``
+            run on rank 0 only.
+        **settings: settings over ``config``, as its mapping names them (``epochs=5``,
+            ``batch_size=64``, ``optim={"base_lr": 0.1}``, ``model={"sync_bn": False}``).
+
+    Returns:
+        A :class:`FitResult`, on every rank.
+
+    Raises:
+        HvdtrainError: for bad settings, data, model, loss or metrics, or a failure of training
+            that every rank met (the rank that found it holds its message; the others say which).
+        KeyboardInterrupt: where this rank was interrupted, or stopped by SIGTERM, and where it
+            must leave at once (its own error while the peers wait in a collective), the process
+            exits as the command line's does, so that no rank hangs in Horovod's shutdown.
+    """
+    # Parts given by name are settings: the run's config.yaml and checkpoints record them.
+    settings = dict(settings)
+    model_settings, task = dict(settings.pop("model", {})), dict(settings.pop("task", {}))
+    if isinstance(model_fn, str):
+        model_settings["name"], model_fn = model_fn, None
+    if isinstance(loss, str):
+        task["loss"], loss = loss, None
+    if metrics is not None and all(isinstance(m, str) for m in metrics):
+        task["metrics"], metrics = ",".join(metrics), None
+    if isinstance(optimizer, str):
+        settings["optim"], optimizer = {**settings.get("optim", {}), "name": optimizer}, None
+    run_config = resolve_config(config, {**settings, **({"model": model_settings} if model_settings else {}),
+                                         **({"task": task} if task else {})})
+    from hvdtrain.losses import get_loss  # imports TensorFlow
+    from hvdtrain.recipe import Parts, run
+
+    # Arrays are read as the loss takes its labels (class indices or targets).
+    labels = get_loss(run_config.task.loss if loss is None else loss, run_config.task.label_smoothing).labels
+    dataset = as_dataset(data, labels)
+    if threading.current_thread() is threading.main_thread():  # Python's rule for signal handlers
+        install_stop_handlers()  # a launcher's Ctrl-C (SIGTERM) stops every rank cleanly
+
+    history = cbs.History()
+    parts = Parts(model=model_fn, dataset=dataset, loss=loss, metrics=metrics, callbacks=[*callbacks, history],
+                  optimizer=optimizer)
+    try:
+        outcome = run(run_config, parts)
+    except RunEnded as ended:
+        raise _raised(ended) from ended.cause
+    return FitResult(outcome.model, history.history, outcome.metrics, run_config)
+
+
+def resolve_config(config: Union[Config, dict, str, None], settings: dict) -> Config:
+    """The :class:`Config` of ``config`` with ``settings`` over it (see :func:`fit`).
+
+    Raises:
+        HvdtrainError: naming an unknown key, a value of the wrong type or out of its range.
+    """
+    if isinstance(config, str):
+        flat = read_config_file(config)
+    elif isinstance(config, Config):
+        flat = flatten(config.to_dict(), "hvdtrain.fit(config=...)")
+    elif isinstance(config, dict) or config is None:
+        flat = flatten(config or {}, "hvdtrain.fit(config=...)")
+    else:
+        raise HvdtrainError(f"hvdtrain.fit(config=...) takes a Config, a mapping or a run file's path, got "
+                            f"{type(config).__name__}")
+    return config_from_flat({**flat, **flatten(settings, "hvdtrain.fit(...)")})
+
+
+def as_dataset(data, labels: Optional[str]) -> Optional[Dataset]:
+    """``data`` as a validated :class:`Dataset` of ``labels`` (``"classes"``, ``"targets"`` or None:
+    by their dtype); None stays None (the config's data).
+
+    Raises:
+        HvdtrainError: for anything but a Dataset or four arrays, or arrays :func:`validate` refuses.
+    """
+    if data is None or isinstance(data, Dataset):
+        return data
+    if not isinstance(data, (tuple, list)) or len(data) != 4:
+        raise HvdtrainError(f"hvdtrain.fit(data=...) takes a Dataset or (x_train, y_train, x_test, y_test) arrays, got "
+                            f"{type(data).__name__}" + (f" of {len(data)}" if isinstance(data, (tuple, list)) else ""))
+    import numpy as np
+
+    x_train, y_train, x_test, y_test = (np.asarray(array) for array in data)
+    x_train, x_test = (x[..., None] if x.ndim == 3 else x for x in (x_train, x_test))
+    return validate(x_train, y_train, x_test, y_test, name="arrays", labels=labels)
+
+
+def _raised(ended: RunEnded) -> BaseException:
+    """The exception :func:`fit` raises for how this rank leaves, or the process exits here."""
+    if ended.ending in (Ending.ALONE, Ending.INTERRUPTED, Ending.TERMINATED):
+        from hvdtrain.cli import leave
+
+        leave(ended)  # exits the process
+    if ended.ending is Ending.QUIET:
+        return HvdtrainError("the run failed on another rank, which reports why")
+    if ended.traceback:
+        return ended.cause
+    message = ended.message or str(ended)
+    return HvdtrainError(message[len("hvdtrain: error: "):] if message.startswith("hvdtrain: error: ") else message)

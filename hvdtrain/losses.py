@@ -1,0 +1,134 @@
+"""Training losses, as one float32 loss per example.
+
+A rank's step sums its examples' losses and scales the sum by ``world_size / global_count``
+(:mod:`hvdtrain.step`), so that Horovod's average of the ranks' gradients is the gradient of the
+mean loss over the global batch. That needs a loss per example, never a batch mean: a mean over
+a short last local batch would weight its examples more than the others'.
+
+Dense outputs (segmentation: logits ``(b, H, W, K)``, labels ``(b, H, W)``) give a loss per
+element; the loss of an example is their mean over its non-batch axes.
+"""
+from __future__ import annotations
+
+from typing import Callable, Optional, Union
+
+import tensorflow as tf
+
+from hvdtrain.config import CLASSES, LOSSES, TARGETS
+from hvdtrain.errors import HvdtrainError
+
+
+def per_example(values: tf.Tensor) -> tf.Tensor:
+    """``(b, ...)`` per-element values -> float32 ``(b,)``: the mean over each example's elements."""
+    values = tf.cast(values, tf.float32)
+    if values.shape.rank is not None and values.shape.rank <= 1:
+        return values
+    return tf.reduce_mean(tf.reshape(values, [tf.shape(values)[0], -1]), axis=1)
+
+
+class Loss:
+    """A loss hvdtrain trains with: labels and outputs of a local batch -> one loss per example.
+
+    Args:
+        name: for logs and checkpoints.
+        fn: ``fn(labels, outputs)`` -> per-element losses ``(b, ...)`` (reduced by :func:`per_example`).
+        labels: :data:`CLASSES` (integer class indices, ``outputs`` has one more axis of ``K``
+            logits), :data:`TARGETS` (values of ``outputs``' shape), or None: whichever the data
+            holds (integer labels are classes, floating-point ones targets).
+
+    Call arguments:
+        labels: ``(b, ...)`` int32 class indices or float32 targets.
+        outputs: the model's ``(b, ..., K)`` logits or values, any float dtype (taken to float32).
+
+    Output shape:
+        float32 ``(b,)``.
+    """
+
+    def __init__(self, name: str, fn: Callable, labels: Optional[str] = CLASSES):
+        if labels not in (CLASSES, TARGETS, None):
+            raise ValueError(f"labels must be {CLASSES!r}, {TARGETS!r} or None, got {labels!r}")
+        self.name, self.fn, self.labels = name, fn, labels
+
+    def __call__(self, labels: tf.Tensor, outputs: tf.Tensor) -> tf.Tensor:
+        outputs = tf.cast(outputs, tf.float32)
+        if self.labels == TARGETS:
+            labels = tf.cast(labels, tf.float32)
+        return per_example(self.fn(labels, outputs))
+
+    def __repr__(self) -> str:
+        return f"Loss({self.name!r})"
+
+
+def sparse_categorical_crossentropy(label_smoothing: float = 0.0) -> Loss:
+    """Softmax cross-entropy of logits ``(b, ..., K)`` against class indices ``(b, ...)``.
+
+    With ``label_smoothing`` ε the target is ``(1 - ε)·one_hot + ε/K`` (Szegedy et al. 2016,
+    "Rethinking the Inception Architecture", section 7), as Keras' categorical cross-entropy.
+    """
+    def fn(labels, logits):
+        if not label_smoothing:
+            return tf.keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True)
+        one_hot = tf.one_hot(labels, tf.shape(logits)[-1], dtype=logits.dtype)
+        return tf.keras.losses.categorical_crossentropy(one_hot, logits, from_logits=True,
+                                                        label_smoothing=label_smoothing)
+
+    return Loss("sparse_categorical_crossentropy", fn, CLASSES)
+
+
+def binary_crossentropy(label_smoothing: float = 0.0) -> Loss:
+    """Sigmoid cross-entropy of logits ``(b, ..., K)`` against targets in [0, 1] of the same shape
+    (multi-label: ``K`` independent yes/no labels), with labels smoothed towards 1/2 by ``label_smoothing``."""
+    def fn(targets, logits):
+        if label_smoothing:
+            targets = targets * (1.0 - label_smoothing) + 0.5 * label_smoothing
+        return tf.nn.sigmoid_cross_entropy_with_logits(labels=targets, logits=logits)
+
+    return Loss("binary_crossentropy", fn, TARGETS)
+
+
+def mse() -> Loss:
+    """Mean squared error of outputs against targets of the same shape."""
+    return Loss("mse", lambda targets, outputs: tf.math.squared_difference(outputs, targets), TARGETS)
+
+
+def get_loss(spec: Union[str, Loss, Callable], label_smoothing: float = 0.0) -> Loss:
+    """The :class:`Loss` for ``--loss`` or the Python API's ``loss=``.
+
+    Args:
+        spec: a name in :data:`LOSSES`; a :class:`Loss`; a ``tf.keras.losses.Loss`` object (its
+            unreduced ``call`` is used, so its own ``reduction`` does not apply); or a callable
+            ``fn(labels, outputs)`` returning per-example or per-element losses ``(b, ...)``
+            (labels passed as they are stored: int32 classes or float32 targets).
+        label_smoothing: in [0, 1), for the two cross-entropies.
+
+    Raises:
+        HvdtrainError: for an unknown name, or label smoothing with a loss that has none.
+    """
+    if isinstance(spec, Loss):
+        return spec
+    if label_smoothing and spec not in ("sparse_categorical_crossentropy", "binary_crossentropy"):
+        raise HvdtrainError(f"--label-smoothing applies to sparse_categorical_crossentropy and binary_crossentropy, "
+                            f"not {_name(spec)}")
+    if spec == "sparse_categorical_crossentropy":
+        return sparse_categorical_crossentropy(label_smoothing)
+    if spec == "binary_crossentropy":
+        return binary_crossentropy(label_smoothing)
+    if spec == "mse":
+        return mse()
+    if isinstance(spec, str):
+        raise HvdtrainError(f"--loss {spec!r}: unknown loss; choose one of {LOSSES} (or pass a callable to hvdtrain.fit)")
+    if isinstance(spec, tf.keras.losses.Loss):
+        return Loss(spec.name, spec.call, _labels_of(spec))
+    if callable(spec):
+        return Loss(_name(spec), spec, None)
+    raise HvdtrainError(f"loss must be one of {LOSSES}, a tf.keras.losses.Loss or a callable, got {type(spec).__name__}")
+
+
+def _labels_of(loss: tf.keras.losses.Loss) -> str:
+    """Keras' sparse losses take class indices; its other losses take targets shaped like the outputs."""
+    return CLASSES if type(loss).__name__.startswith("Sparse") else TARGETS
+
+
+def _name(spec) -> str:
+    return spec if isinstance(spec, str) else getattr(spec, "__name__", type(spec).__name__)
+

@@ -1,0 +1,58 @@
+"""hvdtrain.fit, the Python API: the examples run at two ranks; settings and arrays are checked first."""
+import json
+
+import numpy as np
+import pytest
+
+from hvdtrain.api import as_dataset, resolve_config
+from hvdtrain.config import Config
+from hvdtrain.errors import HvdtrainError
+from tests.ranks import run_ranks
+
+
+def logged(run_dir):
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_custom_task_example_trains_a_model_function_with_a_callable_metric_at_two_ranks(tmp_path):
+    result = run_ranks(2, ["examples/custom_task.py", "--train", "6000", "--epochs", "1", "--log-dir", str(tmp_path)])
+    assert "model: small_cnn (user model)" in result.stdout
+    assert "task:  loss binary_crossentropy; metrics accuracy, exact_match" in result.stdout
+    [epoch] = logged(tmp_path)
+    assert epoch["world_size"] == 2 and epoch["train_examples"] == 6000
+    # Tag accuracy above always answering "no" ((0.7 + 0.6 + 0.9) / 3 = 0.73), and every rank
+    # printed the same history (the metrics are global).
+    assert epoch["test_accuracy"] > 0.8 and 0 < epoch["test_exact_match"] <= epoch["test_accuracy"]
+    lines = [line for line in result.stdout.splitlines() if "all tags right" in line]
+    assert len(lines) == 2 and lines[0].split(">", 1)[1] == lines[1].split(">", 1)[1]
+
+
+def test_segmentation_example_trains_a_unet_per_pixel_with_exact_mean_iou(tmp_path):
+    result = run_ranks(2, ["examples/segmentation.py", "--train", "800", "--epochs", "1", "--log-dir", str(tmp_path)])
+    assert "11 classes per pixel (28x28 label maps)" in result.stdout
+    [epoch] = logged(tmp_path)
+    # Predicting background everywhere scores about 0.56 / 11 = 0.05.
+    assert epoch["test_mean_iou"] > 0.1 and epoch["test_accuracy"] > 0.6
+    assert (tmp_path / "config.yaml").read_text().count("name: unet") == 1
+
+
+def test_settings_go_over_the_config_and_are_checked_by_name():
+    config = resolve_config({"optim": {"base_lr": 0.1}, "epochs": 3}, {"epochs": 5, "task": {"loss": "mse"}})
+    assert (config.epochs, config.optim.base_lr, config.task.loss, config.task.metric_names) == (5, 0.1, "mse", ())
+    assert resolve_config(Config(batch_size=16), {}).batch_size == 16
+    with pytest.raises(HvdtrainError, match=r"hvdtrain.fit\(...\): unknown key 'optim.base_rate'; did you mean 'base_lr'"):
+        resolve_config(None, {"optim": {"base_rate": 0.1}})
+    with pytest.raises(HvdtrainError, match="--metrics must be comma-separated names among"):
+        resolve_config(None, {"task": {"metrics": "accuracy,f1"}})
+
+
+def test_arrays_are_validated_as_the_loss_takes_their_labels():
+    x = np.zeros((4, 8, 8), np.uint8)
+    dense = as_dataset((x, np.eye(8, dtype=np.int64)[None].repeat(4, 0), x, np.zeros((4, 8, 8), np.int64)), "classes")
+    assert dense.input_shape == (8, 8, 1) and dense.label_shape == (8, 8) and dense.num_classes == 2
+    targets = as_dataset((x, np.ones((4, 3)), x, np.ones((4, 3))), None)
+    assert targets.labels == "targets" and targets.num_classes == 3
+    with pytest.raises(HvdtrainError, match="must be integer class labels, got dtype float64"):
+        as_dataset((x, np.ones(4), x, np.ones(4)), "classes")
+    with pytest.raises(HvdtrainError, match=r"takes a Dataset or \(x_train, y_train, x_test, y_test\) arrays, got tuple of 2"):
+        as_dataset((x, x), None)
