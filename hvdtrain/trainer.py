@@ -111,7 +111,7 @@ class Trainer:
                 self.y_test = tf.constant(dataset.y_test[test])
                 inputs = gathered(self.x_train, self.y_train)
             else:
-                inputs = streamed(dataset.input_shape, dataset.image_dtype)
+                inputs = streamed(dataset.input_shape, dataset.image_dtype, dataset.label_shape)
             # The objective's local sums since the epoch began (loss, examples, each metric's),
             # float64 so that sums over an epoch stay exact.
             self._sums = tf.Variable(tf.zeros(self.objective.size, tf.float64), trainable=False, name="epoch_sums")
@@ -134,7 +134,7 @@ class Trainer:
             def batch(start, end):
                 return to_model_input(self.x_test[start:end]), self.y_test[start:end]
         else:
-            inputs = streamed(self.stream.input_shape, self.stream.image_dtype)
+            inputs = streamed(self.stream.input_shape, self.stream.image_dtype, self.stream.label_shape)
             signature, batch = inputs.signature, inputs.batch
 
         @tf.function(input_signature=signature)

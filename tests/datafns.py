@@ -31,6 +31,13 @@ def counted(split, rank, world_size, seed, epoch):
     return tf.data.Dataset.from_tensor_slices((x, np.arange(n, dtype=np.int64) % 3))
 
 
+def counted_maps(split, rank, world_size, seed, epoch):
+    """:func:`counted` with a 4x4 label map per image (segmentation): (index + row) % 3 per pixel."""
+    x, _ = next(iter(counted(split, rank, world_size, seed, epoch).batch(100)))
+    maps = (np.arange(len(x))[:, None, None] + np.arange(4)[None, :, None] + np.zeros((1, 1, 4), int)) % 3
+    return tf.data.Dataset.from_tensor_slices((x, maps))
+
+
 def unknown_length(split, rank, world_size, seed, epoch):
     """:func:`counted` behind a filter: tf.data does not know its length, so hvdtrain counts it."""
     return counted(split, rank, world_size, seed, epoch).filter(lambda x, y: True)

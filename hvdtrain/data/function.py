@@ -6,7 +6,8 @@ The function is called as::
 
 and returns the whole split as *unbatched* ``(image, label)`` pairs: image ``(H, W, C)`` of a
 static shape, uint8 pixels (scaled to [0, 1] by hvdtrain) or float32 (passed to the model as
-they are); label an integer scalar in ``[0, K)``. It must give the same examples in the same
+they are); label an integer class index in ``[0, K)``, a scalar, or a map of one per pixel of a
+static shape ``(H', W')`` (segmentation). It must give the same examples in the same
 order on every rank for the same ``(seed, epoch)`` -- shuffle with ``seed`` and ``epoch``, not
 unseeded -- and the same number every epoch. hvdtrain takes this rank's contiguous part of the
 stream (``skip``/``take``: a rank, and a resumed epoch, reads through the examples before its
@@ -107,9 +108,9 @@ def check_structure(data, spec: str, split: str) -> None:
                             f"function, or set it with tf.ensure_shape)")
     if image.dtype != tf.uint8 and not image.dtype.is_floating:
         raise HvdtrainError(f"{where}: images must be uint8 or floating point, got {image.dtype.name}")
-    if label.shape.rank != 0 or not label.dtype.is_integer:
-        raise HvdtrainError(f"{where}: labels must be integer scalars (class indices), got {label.dtype.name} "
-                            f"of shape {label.shape}")
+    if not label.dtype.is_integer or not label.shape.is_fully_defined():
+        raise HvdtrainError(f"{where}: labels must be integer class indices (scalars, or maps of a static shape), got "
+                            f"{label.dtype.name} of shape {label.shape}")
 
 
 def _count_and_labels(data: tf.data.Dataset, need_labels: bool):
@@ -155,13 +156,17 @@ def open_function(spec: str, rank: int, world_size: int, seed: int, num_classes:
             raise HvdtrainError(f"--data {spec} (split {split!r}): {e}") from None
         except tf.errors.OpError as e:
             raise HvdtrainError(f"--data {spec}: reading split {split!r} failed: {tf_message(e)}") from None
-        image = data.element_spec[0]
+        image, label = data.element_spec
         splits[split] = FunctionSplit(fn, spec, split, rank, world_size, seed, count, image.dtype)
         splits[split].shape = tuple(image.shape.as_list())
+        splits[split].label_shape = tuple(label.shape.as_list())
     train, test = splits["train"], splits["test"]
     if train.shape != test.shape or train.image_dtype != test.image_dtype:
         raise HvdtrainError(f"--data {spec}: train images are {train.image_dtype.name} {train.shape}, test images "
                             f"{test.image_dtype.name} {test.shape}; they must be alike")
+    if train.label_shape != test.label_shape:
+        raise HvdtrainError(f"--data {spec}: train labels are of shape {train.label_shape}, test labels "
+                            f"{test.label_shape}; they must be alike")
     name = f"data:{spec}"
     if num_classes:
         if not train.num_examples or not test.num_examples:
@@ -170,4 +175,6 @@ def open_function(spec: str, rank: int, world_size: int, seed: int, num_classes:
         num_classes = check_labels(name, labels["train"], labels["test"], 0)
     digest = hashlib.blake2b(f"{spec}:{train.shape}:{train.image_dtype.name}".encode(), digest_size=16)
     view = ImageView(0, "none", train.shape)
-    return StreamingDataset(name, train, test, num_classes, view, seed, {"digest": digest.hexdigest()})
+    opened = StreamingDataset(name, train, test, num_classes, view, seed, {"digest": digest.hexdigest()})
+    opened.label_shape = train.label_shape
+    return opened

@@ -130,8 +130,8 @@ class StreamingDataset:
         self.num_classes, self.view, self.seed = num_classes, view, seed
         self._identity = identity
 
-    labels = CLASSES  # one int32 class index per image
-    label_shape: Tuple[int, ...] = ()
+    labels = CLASSES  # int32 class indices: one per image, or a map of them (``label_shape``)
+    label_shape: Tuple[int, ...] = ()  # a data function's may be (H', W'): one class per pixel
 
     @property
     def num_train(self) -> int:
@@ -157,7 +157,8 @@ class StreamingDataset:
         """What every rank must agree on (as :meth:`hvdtrain.data.datasets.Dataset.fingerprint`)."""
         return {"train_examples": self.num_train, "test_examples": self.num_test,
                 "image_shape": list(self.input_shape), "dtype": self.image_dtype.name,
-                "num_classes": int(self.num_classes), **self._identity}
+                "num_classes": int(self.num_classes), **self._identity,
+                **({"label_shape": list(self.label_shape)} if self.label_shape else {})}
 
     # ---- pipelines -------------------------------------------------------------------------------
     def _decode(self, split: Split, training: bool, epoch: int):

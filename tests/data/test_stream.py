@@ -237,6 +237,16 @@ def test_data_function_is_sharded_exactly():
     assert counted.num_train == 13 and counted.num_classes == 3
 
 
+def test_a_data_function_may_give_a_class_per_pixel():
+    dataset = open_function("tests.datafns:counted_maps", 0, 2, 0, 0, check_labels)
+    assert (dataset.label_shape, dataset.num_classes) == ((4, 4), 3)
+    assert dataset.fingerprint()["label_shape"] == [4, 4]
+    ranks, _ = epoch_of(dataset, 2, 2, 0)
+    for x, y in ranks[0] + ranks[1]:
+        assert y.shape == (len(x), 4, 4) and y.dtype == np.int32
+        np.testing.assert_array_equal(y[:, :, 0], (x[:, 0, 0, 0][:, None].astype(int) + np.arange(4)) % 3)
+
+
 @pytest.mark.parametrize("name, message", [
     ("raises", r"--data tests.datafns:raises: the function raised FileNotFoundError: gs://no-such-bucket/train-\*"),
     ("images_only", r"elements must be \(image, label\) pairs"),
