@@ -17,13 +17,17 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
 
 __version__ = "0.1.0"
 
-__all__ = ["fit", "FitResult", "Config", "Callback", "SyncBatchNormalization", "HvdtrainError", "__version__"]
+__all__ = ["fit", "FitResult", "Config", "Callback", "SyncBatchNormalization", "Trainer", "ShardPlan",
+           "init_distributed", "HvdtrainError", "__version__"]
 
 from hvdtrain.errors import HvdtrainError  # noqa: E402
 
 # name -> module: loaded on first use (hvdtrain.api and the model import TensorFlow, or YAML).
 _LAZY = {"fit": "hvdtrain.api", "FitResult": "hvdtrain.api", "Config": "hvdtrain.config",
-         "Callback": "hvdtrain.callbacks", "SyncBatchNormalization": "hvdtrain.model.sync_bn"}
+         "Callback": "hvdtrain.callbacks", "SyncBatchNormalization": "hvdtrain.model.sync_bn",
+         # Your own loop: the distributed context, each rank's shard of each global batch, the trainer.
+         "init_distributed": "hvdtrain.runtime.dist", "ShardPlan": "hvdtrain.data.sharding",
+         "Trainer": "hvdtrain.trainer"}
 
 
 def __getattr__(name):
