@@ -50,7 +50,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = _RankAwareParser(
         prog="hvdtrain",
         description="Data-parallel training on Horovod + TensorFlow 2. Start one process per rank with "
-                    "horovodrun or mpirun, e.g. 'horovodrun -np 2 --gloo python -m hvdtrain'.",
+                    "horovodrun or mpirun, e.g. 'horovodrun -np 2 --gloo python -m hvdtrain'. 'hvdtrain verify "
+                    "--help': check that a model trains at N ranks as at one process.",
         formatter_class=_DefaultsHelpFormatter,
     )
     p.add_argument("--config", metavar="FILE", default=None,
@@ -118,9 +119,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--shuffle-buffer", type=int, default=d.data.shuffle_buffer,
                    help="tfrecord: records in each rank's shuffle buffer (the files' order is shuffled each epoch too)")
     g.add_argument("--model", default=d.model.name,
-                   help="cnn, resnet20, or package.module:function returning an uncompiled tf.keras.Model "
-                        "(called with input_shape=(H, W, C), num_classes=K) whose output is (batch, K) "
-                        "logits, no softmax")
+                   help="cnn, resnet20, unet (per-pixel logits), or package.module:function returning an uncompiled "
+                        "tf.keras.Model (called with input_shape=(H, W, C), num_classes=K) whose outputs fit the labels: "
+                        "(batch, K) logits, no softmax ((batch, H, W, K) for label maps), or the targets' shape")
     g.add_argument("--loss", choices=LOSSES, default=d.task.loss,
                    help="sparse_categorical_crossentropy (class indices: (n,) labels, or (n, H, W) for segmentation), "
                         "binary_crossentropy (multi-label targets in [0, 1]), mse (targets shaped like the outputs)")
