@@ -21,7 +21,7 @@ from hvdtrain import callbacks as cbs
 from hvdtrain.config import Config
 from hvdtrain.config_file import config_from_flat, flatten, read_config_file
 from hvdtrain.data.datasets import Dataset, validate
-from hvdtrain.errors import Ending, HvdtrainError, RunEnded
+from hvdtrain.errors import Ending, HvdtrainError, PeerFailure, RunEnded
 from hvdtrain.runtime.signals import install_stop_handlers
 
 
@@ -81,10 +81,13 @@ def fit(model_fn: Union[str, Callable], data=None, *, loss=None, metrics: Option
 
     Raises:
         HvdtrainError: for bad settings, data, model, loss or metrics, or a failure of training
-            that every rank met (the rank that found it holds its message; the others say which).
-        KeyboardInterrupt: where this rank was interrupted, or stopped by SIGTERM, and where it
-            must leave at once (its own error while the peers wait in a collective), the process
-            exits as the command line's does, so that no rank hangs in Horovod's shutdown.
+            that every rank met: with its message where this rank has it (the rank that found it,
+            or every rank for an error alike on all), else saying that another rank reports it.
+
+    Exits:
+        the process, as the command line's run does (printing the same line, with its exit
+        status), where this rank must leave at once: on Ctrl-C or SIGTERM, and on an error of its
+        own while the other ranks wait in a collective, so that no rank hangs in Horovod's shutdown.
     """
     # Parts given by name are settings: the run's config.yaml and checkpoints record them.
     settings = dict(settings)
@@ -93,6 +96,8 @@ def fit(model_fn: Union[str, Callable], data=None, *, loss=None, metrics: Option
         model_settings["name"], model_fn = model_fn, None
     if isinstance(loss, str):
         task["loss"], loss = loss, None
+    if isinstance(metrics, str) or callable(metrics):
+        metrics = [metrics]
     if metrics is not None and all(isinstance(m, str) for m in metrics):
         task["metrics"], metrics = ",".join(metrics), None
     if isinstance(optimizer, str):
@@ -152,6 +157,8 @@ def as_dataset(data, labels: Optional[str]) -> Optional[Dataset]:
 
     x_train, y_train, x_test, y_test = (np.asarray(array) for array in data)
     x_train, x_test = (x[..., None] if x.ndim == 3 else x for x in (x_train, x_test))
+    if labels != "targets" and y_train.ndim == 2 and y_train.shape[1] == 1 and np.issubdtype(y_train.dtype, np.integer):
+        y_train, y_test = y_train[:, 0], y_test.reshape(len(y_test), -1)[:, 0]  # keras.datasets' (n, 1) classes
     return validate(x_train, y_train, x_test, y_test, name="arrays", labels=labels)
 
 
@@ -162,6 +169,10 @@ def _raised(ended: RunEnded) -> BaseException:
 
         leave(ended)  # exits the process
     if ended.ending is Ending.QUIET:
+        if ended.message:
+            return HvdtrainError(ended.message)
+        if isinstance(ended.cause, (HvdtrainError, PeerFailure)):  # "rank 0 failed while loading data"
+            return HvdtrainError(f"{ended.cause}; that rank reports why")
         return HvdtrainError("the run failed on another rank, which reports why")
     if ended.traceback:
         return ended.cause

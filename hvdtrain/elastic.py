@@ -214,7 +214,7 @@ class ElasticJob:
         schedule = rescale_schedule(optimizer, config.optim, ctx.size, plan.steps_per_epoch, config.epochs,
                                     epochs_done=start.epoch + start.example / n)
         # A step of another world size's plan means nothing here: continue at the example.
-        start = TrainPosition(start.epoch, 0, start.example, start.epoch_sums)
+        start = TrainPosition(start.epoch, 0, start.example, start.epoch_sums, start.sums_layout)
         callbacks = []
         try:
             ckpt_dir = checkpoint_dir(config, state.run_dir)

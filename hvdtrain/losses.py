@@ -18,9 +18,17 @@ from hvdtrain.config import CLASSES, LOSSES, TARGETS
 from hvdtrain.errors import HvdtrainError
 
 
-def per_example(values: tf.Tensor) -> tf.Tensor:
-    """``(b, ...)`` per-element values -> float32 ``(b,)``: the mean over each example's elements."""
+def per_example(values: tf.Tensor, what: str = "the loss") -> tf.Tensor:
+    """``(b, ...)`` per-element values -> float32 ``(b,)``: the mean over each example's elements.
+
+    Raises:
+        HvdtrainError: for one value of the whole batch (a batch mean), which summed over ranks
+            would weight a short batch like a full one; naming ``what`` gave it.
+    """
     values = tf.cast(values, tf.float32)
+    if values.shape.rank == 0:
+        raise HvdtrainError(f"{what} returned one value for the whole batch (a mean): it must give one per example "
+                            f"(shape (b,) or (b, ...)), which hvdtrain sums over every rank's examples")
     if values.shape.rank is not None and values.shape.rank <= 1:
         return values
     return tf.reduce_mean(tf.reshape(values, [tf.shape(values)[0], -1]), axis=1)
@@ -53,7 +61,7 @@ class Loss:
         outputs = tf.cast(outputs, tf.float32)
         if self.labels == TARGETS:
             labels = tf.cast(labels, tf.float32)
-        return per_example(self.fn(labels, outputs))
+        return per_example(self.fn(labels, outputs), f"the loss {self.name}")
 
     def __repr__(self) -> str:
         return f"Loss({self.name!r})"
@@ -118,6 +126,9 @@ def get_loss(spec: Union[str, Loss, Callable], label_smoothing: float = 0.0) -> 
     if isinstance(spec, str):
         raise HvdtrainError(f"--loss {spec!r}: unknown loss; choose one of {LOSSES} (or pass a callable to hvdtrain.fit)")
     if isinstance(spec, tf.keras.losses.Loss):
+        if getattr(spec, "_fn_kwargs", {}).get("from_logits") is False:
+            raise HvdtrainError(f"the loss {type(spec).__name__} takes probabilities (from_logits=False), but the "
+                                f"models give logits: pass from_logits=True")
         return Loss(spec.name, spec.call, _labels_of(spec))
     if callable(spec):
         return Loss(_name(spec), spec, None)

@@ -8,7 +8,7 @@ variable and an epoch's metrics cost one allreduce.
 """
 from __future__ import annotations
 
-from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Callable, Dict, List, Sequence, Tuple, Union
 
 import numpy as np
 import tensorflow as tf
@@ -125,7 +125,7 @@ class MeanOf(Metric):
         self.name, self.fn = name, fn
 
     def sums(self, labels, outputs):
-        values = tf.cast(per_example(self.fn(labels, outputs)), tf.float64)
+        values = tf.cast(per_example(self.fn(labels, outputs), f"the metric {self.name}"), tf.float64)
         return tf.stack([tf.reduce_sum(values), _count(values)])
 
     def result(self, sums):
@@ -202,6 +202,29 @@ class Objective:
         sums += [m.sums(labels, outputs) for m in self.metrics]
         return losses, tf.concat(sums, 0)
 
+    def check(self, labels: tf.Tensor, outputs: tf.Tensor) -> None:
+        """Run the loss and metrics once, eagerly, on a batch of ``labels`` and model ``outputs``
+        (before training: a user's function that fails, or gives one value per batch, is named
+        here, not in the middle of a compiled step).
+
+        Raises:
+            HvdtrainError: naming the loss or metric that fails or gives other than one value per example.
+        """
+        batch = int(labels.shape[0])
+        for name, run in [(f"the loss {self.loss.name}", lambda: self.loss(labels, tf.cast(outputs, tf.float32)))] + [
+                (f"the metric {m.name}", lambda m=m: m.sums(labels, tf.cast(outputs, tf.float32))) for m in self.metrics]:
+            try:
+                value = run()
+            except HvdtrainError:
+                raise
+            except Exception as e:  # noqa: BLE001 -- the user's code: report it as theirs
+                first = (str(e).strip().splitlines() or [""])[0]
+                raise HvdtrainError(f"{name} fails on labels {tuple(labels.shape)} {labels.dtype.name} and outputs "
+                                    f"{tuple(outputs.shape)}: {type(e).__name__}: {first}") from e
+            if name.startswith("the loss") and tuple(value.shape) != (batch,):
+                raise HvdtrainError(f"{name} gives shape {tuple(value.shape)} for a batch of {batch}: one loss per "
+                                    f"example is needed")
+
     def results(self, sums: Sequence[float]) -> Dict[str, float]:
         """``{"loss", *metric names, "count"}`` from global sums (``count``: examples, an int)."""
         sums = np.asarray(sums, np.float64)
@@ -213,20 +236,29 @@ class Objective:
         out["count"] = int(sums[1])
         return out
 
-    def start_sums(self, epoch_sums: Optional[Sequence[float]]) -> np.ndarray:
-        """float64 ``(size,)``: an epoch's sums so far, ``epoch_sums`` of a resumed position, or zeros.
+    @property
+    def layout(self) -> Tuple[str, ...]:
+        """What the sums are: the loss's name, then ``"<metric>:<size>"`` of each metric."""
+        return (self.loss.name, *(f"{m.name}:{m.size}" for m in self.metrics))
+
+    def start_sums(self, position=None) -> np.ndarray:
+        """float64 ``(size,)``: an epoch's sums so far, the ``epoch_sums`` of a resumed mid-epoch
+        :class:`~hvdtrain.state.TrainPosition`, or zeros (None, or a position without sums).
 
         Raises:
-            EveryRankError: for sums of another objective (a checkpoint of a run with other metrics).
+            EveryRankError: for sums of another loss or other metrics (a checkpoint of a run with
+                other ``--loss`` or ``--metrics``).
         """
-        if not epoch_sums:
+        sums = position.epoch_sums if position is not None else None
+        if not sums:
             return np.zeros(self.size)
-        if len(epoch_sums) != self.size:
+        layout = position.sums_layout
+        if len(sums) != self.size or (layout is not None and tuple(layout) != self.layout):
             raise EveryRankError(f"the checkpoint, mid-epoch, holds the sums of another loss or other metrics "
-                                 f"({len(epoch_sums)} numbers, where {self.loss.name} with metrics "
-                                 f"{[m.name for m in self.metrics]} has {self.size}): resume with the --loss and "
-                                 f"--metrics of the run that wrote it")
-        return np.asarray(epoch_sums, np.float64)
+                                 f"({', '.join(layout) if layout else f'{len(sums)} numbers'}, where this run has "
+                                 f"{', '.join(self.layout)}): resume with the --loss and --metrics of the run that "
+                                 f"wrote it")
+        return np.asarray(sums, np.float64)
 
 
 def prefixed(split: str, results: Dict[str, float]) -> Dict[str, float]:

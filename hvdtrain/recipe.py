@@ -33,7 +33,7 @@ from hvdtrain.runtime.dist import DistContext, current_rank, init_distributed
 from hvdtrain.runtime.signals import Terminated, defer_stop_signals, sigterm_received, stop_exception, stop_requested
 from hvdtrain.runtime.watchdog import Watchdog
 from hvdtrain.state import TrainPosition
-from hvdtrain.task import build_objective, expected_outputs, model_label
+from hvdtrain.task import build_objective, check_objective, expected_outputs, model_label
 from hvdtrain.trainer import Trainer, broadcast_state
 
 
@@ -132,6 +132,7 @@ def run(config: Config, parts: Parts = Parts()) -> Outcome:
             model = ctx.guarded("building the model", lambda: build_model(
                 parts.model or config.model.name, dataset.input_shape, dataset.num_classes, sync_bn=config.model.sync_bn,
                 seed=config.seed, rank=ctx.rank, **expected_outputs(loss, dataset)))
+            ctx.guarded("checking the loss and metrics", lambda: check_objective(objective, model, dataset))
 
             # 4. Optimizer: learning rate scaled by world size with warmup (a caller's own optimizer
             #    keeps its own); Horovod's wrapper averages gradients by allreduce. Its slots are
@@ -149,7 +150,7 @@ def run(config: Config, parts: Parts = Parts()) -> Outcome:
             refuse_collectives_under_xla(model, ctx.size)
 
         if config.elastic.enabled:
-            if parts.callbacks or parts.optimizer is not None:
+            if any(not isinstance(cb, cbs.History) for cb in parts.callbacks) or parts.optimizer is not None:
                 raise EveryRankError("an elastic job makes its callbacks anew at every reset and rescales hvdtrain's "
                                      "learning-rate schedule: hvdtrain.fit takes callbacks= and optimizer= only "
                                      "without elastic")

@@ -18,16 +18,21 @@ class TrainPosition:
         epoch_sums: the global float sums of those examples' loss and metrics
             (:class:`hvdtrain.metrics.Objective`), or None at an epoch's start, so that a resumed
             epoch's metrics stay exact.
+        sums_layout: what each of ``epoch_sums`` is (:attr:`hvdtrain.metrics.Objective.layout`),
+            or None where unknown (positions from before it was recorded).
     """
 
     epoch: int = 0
     step: int = 0
     example: int = 0
     epoch_sums: Optional[Tuple[float, ...]] = None
+    sums_layout: Optional[Tuple[str, ...]] = None
 
     def __post_init__(self):
         if self.epoch_sums is not None:
             object.__setattr__(self, "epoch_sums", tuple(float(v) for v in self.epoch_sums))
+        if self.sums_layout is not None:
+            object.__setattr__(self, "sums_layout", tuple(self.sums_layout))
 
     @property
     def mid_epoch(self) -> bool:
@@ -40,6 +45,8 @@ class TrainPosition:
         meta = {"epoch": self.epoch, "step_in_epoch": self.step, "example_in_epoch": self.example}
         if sums and self.epoch_sums is not None:
             meta["epoch_sums"] = list(self.epoch_sums)
+            if self.sums_layout is not None:
+                meta["epoch_sums_layout"] = list(self.sums_layout)
         return meta
 
     @classmethod
@@ -56,6 +63,8 @@ class TrainPosition:
         if example is None:
             example = min(step * int(meta.get("world_size", 1)) * int(meta.get("batch_size", 0)), num_examples)
         sums = meta.get("epoch_sums")
-        if sums is not None and len(sums) == 3 and "task" not in meta.get("config", {"task": None}):
+        layout = meta.get("epoch_sums_layout")
+        if sums is not None and len(sums) == 3 and "task" not in meta.get("config", {}):
             sums = [sums[0], sums[2], sums[1], sums[2]]
-        return cls(epoch=int(meta["epoch"]), step=step, example=int(example), epoch_sums=sums)
+            layout = ["sparse_categorical_crossentropy", "accuracy:2"]
+        return cls(epoch=int(meta["epoch"]), step=step, example=int(example), epoch_sums=sums, sums_layout=layout)

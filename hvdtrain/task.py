@@ -35,6 +35,20 @@ def expected_outputs(loss: Loss, dataset) -> dict:
     return {"output_shape": label_shape, "outputs": f"outputs shaped like the targets (--loss {loss.name})"}
 
 
+def check_objective(objective: Objective, model, dataset) -> None:
+    """Run ``objective`` once on ``model``'s outputs for two blank images and labels of the data's
+    shape (:meth:`Objective.check`): a loss or metric that fails is named before training.
+
+    Raises:
+        HvdtrainError: naming the loss or metric.
+    """
+    import tensorflow as tf
+
+    images = tf.zeros((2, *dataset.input_shape))
+    labels = tf.zeros((2, *dataset.label_shape), tf.int32 if dataset.labels == CLASSES else tf.float32)
+    objective.check(labels, model(images, training=False))
+
+
 def model_label(model: Union[str, Callable]) -> str:
     """A model's name, or its function's, for the banner and checkpoints."""
     return model if isinstance(model, str) else getattr(model, "__name__", type(model).__name__)

@@ -349,7 +349,7 @@ class Trainer:
             for cb in self.callbacks:
                 cb.on_epoch_begin(epoch, steps, first)
             # The sums of the steps before `first` are global: they enter once, on rank 0.
-            carried = self.objective.start_sums(here.epoch_sums if here.mid_epoch else None)
+            carried = self.objective.start_sums(here if here.mid_epoch else None)
             self._sums.assign(carried if self.ctx.is_chief else np.zeros_like(carried))
             began = time.perf_counter()
             for step, inputs, global_count in self._epoch_inputs(epoch, first, here.example):
@@ -364,7 +364,8 @@ class Trainer:
                 if any((step + 1) % every == 0 for every in save_every) and step + 1 < steps:
                     sums, non_finite = self._sums_and_state("hvdtrain.checkpoint_sums")
                     self._check_saveable(sums, non_finite, epoch, step)  # never save a diverged state
-                    position = TrainPosition(epoch, step + 1, self.plan.examples_before(step + 1), sums)
+                    position = TrainPosition(epoch, step + 1, self.plan.examples_before(step + 1), sums,
+                                             self.objective.layout)
                     self._write_hook("on_save_point", position)
                 for cb in self.callbacks:
                     cb.on_step_end(epoch, step, running)

@@ -52,6 +52,10 @@ def test_arrays_are_validated_as_the_loss_takes_their_labels():
     assert dense.input_shape == (8, 8, 1) and dense.label_shape == (8, 8) and dense.num_classes == 2
     targets = as_dataset((x, np.ones((4, 3)), x, np.ones((4, 3))), None)
     assert targets.labels == "targets" and targets.num_classes == 3
+    cifar_layout = as_dataset((x, np.arange(4)[:, None] % 2, x, np.arange(4)[:, None] % 2), "classes")
+    assert cifar_layout.label_shape == () and cifar_layout.num_classes == 2  # keras.datasets' (n, 1) classes
+    scalar = as_dataset((x, np.arange(4.0), x, np.arange(4.0)), "targets")
+    assert scalar.label_shape == (1,) and scalar.num_classes == 1  # for (batch, 1) outputs
     with pytest.raises(HvdtrainError, match="must be integer class labels, got dtype float64"):
         as_dataset((x, np.ones(4), x, np.ones(4)), "classes")
     with pytest.raises(HvdtrainError, match=r"takes a Dataset or \(x_train, y_train, x_test, y_test\) arrays, got tuple of 2"):

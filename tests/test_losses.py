@@ -57,9 +57,18 @@ def test_keras_loss_objects_and_callables_give_one_loss_per_example():
 
 @pytest.mark.parametrize("spec, smoothing, message", [
     ("hinge", 0.0, "--loss 'hinge': unknown loss"),
+    (tf.keras.losses.SparseCategoricalCrossentropy(), 0.0, "but the models give logits: pass from_logits=True"),
     ("mse", 0.1, "--label-smoothing applies to sparse_categorical_crossentropy and binary_crossentropy, not mse"),
     (3, 0.0, "loss must be one of"),
 ])
 def test_bad_losses_are_refused_by_name(spec, smoothing, message):
     with pytest.raises(HvdtrainError, match=message.replace("(", r"\(")):
         get_loss(spec, smoothing)
+
+
+def test_a_batch_mean_is_refused_naming_the_loss():
+    def batch_mean(labels, outputs):
+        return tf.reduce_mean(tf.square(outputs - labels))
+
+    with pytest.raises(HvdtrainError, match="the loss batch_mean returned one value for the whole batch"):
+        get_loss(batch_mean)(TARGET_VALUES, LOGITS)

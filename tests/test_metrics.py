@@ -78,3 +78,30 @@ def test_metrics_that_do_not_fit_are_refused_by_name(name, loss, labels, classes
 def test_two_metrics_of_one_name_are_refused():
     with pytest.raises(HvdtrainError, match="metric names must differ"):
         Objective(get_loss("mse"), [MeanOf("loss", lambda y, o: o)])
+
+
+def test_a_resumed_epochs_sums_must_be_of_the_same_loss_and_metrics():
+    from hvdtrain.errors import EveryRankError
+    from hvdtrain.state import TrainPosition
+
+    objective = Objective(get_loss("sparse_categorical_crossentropy"), [TopKAccuracy(5)])
+    assert objective.layout == ("sparse_categorical_crossentropy", "top5:2")
+    np.testing.assert_array_equal(objective.start_sums(TrainPosition(0, 3, 96, (1, 96, 50, 96), objective.layout)),
+                                  [1, 96, 50, 96])
+    np.testing.assert_array_equal(objective.start_sums(None), np.zeros(4))
+    accuracy = TrainPosition(0, 3, 96, (1, 96, 80, 96), ("sparse_categorical_crossentropy", "accuracy:2"))
+    with pytest.raises(EveryRankError, match="holds the sums of another loss or other metrics \\(sparse_categorical_"
+                                             "crossentropy, accuracy:2, where this run has sparse_categorical_"
+                                             "crossentropy, top5:2\\)"):
+        objective.start_sums(accuracy)  # as many numbers, counting something else
+
+
+def test_check_names_a_loss_or_metric_that_fails_before_training():
+    labels, logits = tf.zeros((2,), tf.int32), tf.zeros((2, 10))
+    Objective(get_loss("sparse_categorical_crossentropy"), [Accuracy(), TopKAccuracy(5)]).check(labels, logits)
+    with pytest.raises(HvdtrainError, match="the metric mean returned one value for the whole batch"):
+        Objective(get_loss("sparse_categorical_crossentropy"), [MeanOf("mean", lambda y, o: tf.reduce_mean(o))]).check(
+            labels, logits)
+    with pytest.raises(HvdtrainError, match=r"the metric broken fails on labels \(2,\) int32 and outputs \(2, 10\): "
+                                            r"ZeroDivisionError"):
+        Objective(get_loss("sparse_categorical_crossentropy"), [MeanOf("broken", lambda y, o: 1 / 0)]).check(labels, logits)

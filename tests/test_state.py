@@ -6,9 +6,11 @@ from hvdtrain.state import TrainPosition
 
 
 def test_position_round_trips_through_checkpoint_meta():
-    position = TrainPosition(epoch=2, step=5, example=640, epoch_sums=np.array([1.5, 600.0, 640.0]))
+    position = TrainPosition(epoch=2, step=5, example=640, epoch_sums=np.array([1.5, 640.0, 600.0, 640.0]),
+                             sums_layout=("sparse_categorical_crossentropy", "accuracy:2"))
     meta = position.to_meta()
-    assert meta == {"epoch": 2, "step_in_epoch": 5, "example_in_epoch": 640, "epoch_sums": [1.5, 600.0, 640.0]}
+    assert meta == {"epoch": 2, "step_in_epoch": 5, "example_in_epoch": 640, "epoch_sums": [1.5, 640.0, 600.0, 640.0],
+                    "epoch_sums_layout": ["sparse_categorical_crossentropy", "accuracy:2"]}
     assert TrainPosition.from_meta(meta, num_examples=60000) == position
     assert "epoch_sums" not in position.to_meta(sums=False)
 
@@ -30,7 +32,9 @@ def test_checkpoints_without_example_in_epoch_give_it_from_their_global_batch(me
 def test_sums_of_checkpoints_from_before_chosen_metrics_take_the_default_objectives_layout():
     meta = {"epoch": 1, "step_in_epoch": 4, "example_in_epoch": 512, "epoch_sums": [30.0, 400.0, 512.0],
             "config": {"epochs": 2}}  # (loss sum, correct, count); its config has no task
-    assert TrainPosition.from_meta(meta, 1000).epoch_sums == (30.0, 512.0, 400.0, 512.0)
+    legacy = TrainPosition.from_meta(meta, 1000)
+    assert legacy.epoch_sums == (30.0, 512.0, 400.0, 512.0)
+    assert legacy.sums_layout == ("sparse_categorical_crossentropy", "accuracy:2")
     meta["config"]["task"] = {"loss": "mse", "metrics": ""}  # three sums of today's layout are left as they are
     assert TrainPosition.from_meta(meta, 1000).epoch_sums == (30.0, 400.0, 512.0)
 

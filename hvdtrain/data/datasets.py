@@ -263,7 +263,7 @@ def validate(x_train, y_train, x_test, y_test, name: str, num_classes: int = 0,
         name: for messages.
         num_classes: class count; 0 infers ``max(label) + 1`` over both splits (classes only).
         labels: ``"classes"``: integer class indices (stored int32); ``"targets"``: numbers,
-            stored float32 (``num_classes`` becomes the size of their last axis, 1 for scalars);
+            stored float32, ``(n,)`` as ``(n, 1)`` (``num_classes`` becomes the size of their last axis);
             None: by ``y_train``'s dtype (:func:`label_kind`).
 
     Raises:
@@ -305,6 +305,8 @@ def validate(x_train, y_train, x_test, y_test, name: str, num_classes: int = 0,
     else:
         with np.errstate(over="ignore"):
             y_train, y_test = y_train.astype(np.float32), y_test.astype(np.float32)
+        if y_train.ndim == 1:  # one number per image: the model's (batch, 1) outputs
+            y_train, y_test = y_train[:, None], y_test[:, None]
         if len(y_train) == 0 or len(y_test) == 0:
             raise HvdtrainError(f"{name}: empty dataset ({len(y_train)} training, {len(y_test)} test examples)")
         for key, y in (("y_train", y_train), ("y_test", y_test)):

@@ -205,7 +205,7 @@ class StreamingDataset:
         rank's CPU cores, which the pipeline's threads are limited to (0: tf.data's default).
 
         Images are uint8 ``(b, H, W, C)`` (the view's input shape; a data function's own dtype),
-        labels int32 ``(b,)``.
+        labels int32 ``(b, *label_shape)``.
         """
         elements, sizes = self.train.rank_elements(plan, epoch, first_step)
         if not sizes:

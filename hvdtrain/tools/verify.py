@@ -9,7 +9,9 @@ of the same effective learning rate; then prints each variable's relative differ
 ``|w_N - w_1| / |w_1|``. hvdtrain's own layers give differences of float32 rounding (1e-6); a layer
 that computes from its rank's batch alone (Keras' ``BatchNormalization`` in training: per-rank
 batch statistics), draws rank-dependent randomness or holds state outside its variables shows as
-a larger one. Exit status: 0 if every variable is within ``--tolerance``, 1 if not, 2 on an error.
+a larger one; so does dropout, whose masks each rank draws for its own examples (the built-in
+``cnn`` has it: verify models without, or with it switched off). Exit status: 0 if every
+variable is within ``--tolerance``, 1 if not, 2 on an error.
 """
 from __future__ import annotations
 
