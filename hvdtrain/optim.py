@@ -202,4 +202,11 @@ def users_optimizer(optimizer, config: OptimConfig):
     require_keras2(optimizer=optimizer)
     if not isinstance(optimizer, (tf.keras.optimizers.Optimizer, tf.keras.optimizers.legacy.Optimizer)):
         raise HvdtrainError(f"optimizer must be a tf.keras optimizer object, got {type(optimizer).__name__}")
-    return distributed(optimizer, config)
+    schedule = getattr(optimizer, "_learning_rate", None)
+    if not isinstance(schedule, tf.keras.optimizers.schedules.LearningRateSchedule):
+        return distributed(optimizer, config)
+    # Horovod makes the optimizer anew from its config, which (on tf_keras 2.15) cannot rebuild
+    # Keras' own schedule objects: it is made with a number, and given the schedule object after.
+    wrapped = distributed(type(optimizer).from_config({**optimizer.get_config(), "learning_rate": 0.0}), config)
+    wrapped.learning_rate = schedule
+    return wrapped

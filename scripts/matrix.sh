@@ -20,6 +20,9 @@ SMOKE=(
   tests/test_compat.py
   tests/data/test_stream.py
   tests/test_streaming.py::test_image_folder_trains_exactly_as_in_memory
+  tests/test_losses.py
+  tests/test_metrics.py
+  tests/test_objectives.py
 )
 status=0
 for stack in "${STACKS[@]}"; do
