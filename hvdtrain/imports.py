@@ -25,3 +25,9 @@ def import_function(spec: str, flag: str) -> Callable:
     if not callable(fn):
         raise HvdtrainError(f"{flag} {spec!r}: module {module_name!r} has no function {fn_name!r}")
     return fn
+
+
+def name_of(spec) -> str:
+    """What a user's part is called in messages: ``spec`` itself if a string, else its ``__name__``
+    (a function's), else its type's."""
+    return spec if isinstance(spec, str) else getattr(spec, "__name__", type(spec).__name__)

@@ -16,6 +16,7 @@ import tensorflow as tf
 
 from hvdtrain.config import CLASSES, LOSSES, TARGETS
 from hvdtrain.errors import HvdtrainError
+from hvdtrain.imports import name_of
 
 
 def per_example(values: tf.Tensor, what: str = "the loss") -> tf.Tensor:
@@ -116,7 +117,7 @@ def get_loss(spec: Union[str, Loss, Callable], label_smoothing: float = 0.0) -> 
         return spec
     if label_smoothing and spec not in ("sparse_categorical_crossentropy", "binary_crossentropy"):
         raise HvdtrainError(f"--label-smoothing applies to sparse_categorical_crossentropy and binary_crossentropy, "
-                            f"not {_name(spec)}")
+                            f"not {name_of(spec)}")
     if spec == "sparse_categorical_crossentropy":
         return sparse_categorical_crossentropy(label_smoothing)
     if spec == "binary_crossentropy":
@@ -131,15 +132,10 @@ def get_loss(spec: Union[str, Loss, Callable], label_smoothing: float = 0.0) -> 
                                 f"models give logits: pass from_logits=True")
         return Loss(spec.name, spec.call, _labels_of(spec))
     if callable(spec):
-        return Loss(_name(spec), spec, None)
+        return Loss(name_of(spec), spec, None)
     raise HvdtrainError(f"loss must be one of {LOSSES}, a tf.keras.losses.Loss or a callable, got {type(spec).__name__}")
 
 
 def _labels_of(loss: tf.keras.losses.Loss) -> str:
     """Keras' sparse losses take class indices; its other losses take targets shaped like the outputs."""
     return CLASSES if type(loss).__name__.startswith("Sparse") else TARGETS
-
-
-def _name(spec) -> str:
-    return spec if isinstance(spec, str) else getattr(spec, "__name__", type(spec).__name__)
-

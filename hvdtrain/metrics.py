@@ -15,6 +15,7 @@ import tensorflow as tf
 
 from hvdtrain.config import CLASSES, METRICS
 from hvdtrain.errors import EveryRankError, HvdtrainError
+from hvdtrain.imports import name_of
 from hvdtrain.losses import Loss, per_example
 
 
@@ -44,12 +45,19 @@ def _count(values: tf.Tensor) -> tf.Tensor:
     return tf.cast(tf.size(values), tf.float64)
 
 
-class Accuracy(Metric):
+class _Fraction(Metric):
+    """A metric of sums ``[numerator, count]``: their quotient (0 for no examples)."""
+
+    size = 2
+
+    def result(self, sums):
+        return float(sums[0] / max(sums[1], 1.0))
+
+
+class Accuracy(_Fraction):
     """The fraction of correct top-1 predictions: of class indices ``(b, ...)`` by logits
     ``(b, ..., K)`` (per pixel for dense outputs), or, for multi-label targets (``multi_label``),
     of each of the ``K`` yes/no labels by the sign of its logit. Sums: ``[correct, count]``."""
-
-    size = 2
 
     def __init__(self, multi_label: bool = False):
         self.name, self.multi_label = "accuracy", multi_label
@@ -61,15 +69,10 @@ class Accuracy(Metric):
             correct = tf.equal(tf.argmax(outputs, -1, output_type=tf.int32), tf.cast(labels, tf.int32))
         return tf.stack([tf.reduce_sum(tf.cast(correct, tf.float64)), _count(correct)])
 
-    def result(self, sums):
-        return float(sums[0] / max(sums[1], 1.0))
 
-
-class TopKAccuracy(Metric):
+class TopKAccuracy(_Fraction):
     """The fraction of class labels among the ``k`` largest logits (``top5`` for k = 5).
     Sums: ``[correct, count]``. Ties at the k-th logit count as correct (``tf.math.in_top_k``)."""
-
-    size = 2
 
     def __init__(self, k: int = 5):
         self.name, self.k = f"top{k}", k
@@ -78,9 +81,6 @@ class TopKAccuracy(Metric):
         logits = tf.reshape(outputs, [-1, tf.shape(outputs)[-1]])
         correct = tf.math.in_top_k(tf.reshape(tf.cast(labels, tf.int32), [-1]), logits, self.k)
         return tf.stack([tf.reduce_sum(tf.cast(correct, tf.float64)), _count(correct)])
-
-    def result(self, sums):
-        return float(sums[0] / max(sums[1], 1.0))
 
 
 class MeanIoU(Metric):
@@ -115,11 +115,9 @@ class MeanIoU(Metric):
         return float(np.mean(hits[present] / union[present])) if present.any() else 0.0
 
 
-class MeanOf(Metric):
+class MeanOf(_Fraction):
     """The mean over examples of a user's per-example (or per-element) values:
     ``fn(labels, outputs) -> (b, ...)``, reduced per example as losses are. Sums: ``[total, count]``."""
-
-    size = 2
 
     def __init__(self, name: str, fn: Callable):
         self.name, self.fn = name, fn
@@ -127,9 +125,6 @@ class MeanOf(Metric):
     def sums(self, labels, outputs):
         values = tf.cast(per_example(self.fn(labels, outputs), f"the metric {self.name}"), tf.float64)
         return tf.stack([tf.reduce_sum(values), _count(values)])
-
-    def result(self, sums):
-        return float(sums[0] / max(sums[1], 1.0))
 
 
 def get_metric(spec: Union[str, Metric, Callable], loss: Loss, labels: str, num_classes: int) -> Metric:
@@ -148,7 +143,7 @@ def get_metric(spec: Union[str, Metric, Callable], loss: Loss, labels: str, num_
     if isinstance(spec, Metric):
         return spec
     if callable(spec) and not isinstance(spec, str):
-        return MeanOf(getattr(spec, "__name__", type(spec).__name__), spec)
+        return MeanOf(name_of(spec), spec)
     if spec not in METRICS:
         raise HvdtrainError(f"--metrics {spec!r}: unknown metric; choose from {METRICS} (or pass a callable to hvdtrain.fit)")
     if spec == "accuracy" and labels != CLASSES and loss.name == "binary_crossentropy":

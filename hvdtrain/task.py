@@ -6,6 +6,7 @@ from typing import Callable, Sequence, Union
 
 from hvdtrain.config import CLASSES
 from hvdtrain.errors import HvdtrainError
+from hvdtrain.imports import name_of
 from hvdtrain.losses import Loss
 from hvdtrain.metrics import Objective, get_metric
 
@@ -51,4 +52,4 @@ def check_objective(objective: Objective, model, dataset) -> None:
 
 def model_label(model: Union[str, Callable]) -> str:
     """A model's name, or its function's, for the banner and checkpoints."""
-    return model if isinstance(model, str) else getattr(model, "__name__", type(model).__name__)
+    return name_of(model)

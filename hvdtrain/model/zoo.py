@@ -13,7 +13,7 @@ import tensorflow as tf
 
 from hvdtrain.compat import require_keras2
 from hvdtrain.errors import HvdtrainError, say
-from hvdtrain.imports import import_function
+from hvdtrain.imports import import_function, name_of
 from hvdtrain.model.sync_bn import SyncBatchNormalization
 
 BUILTIN_MODELS = ("cnn", "resnet20", "unet")
@@ -255,7 +255,7 @@ def build_model(spec: Union[str, Callable], input_shape: Tuple[int, int, int], n
     """
     if callable(spec):
         model = _user_model(spec, spec, input_shape, num_classes, rank)
-        spec = getattr(spec, "__name__", type(spec).__name__)
+        spec = name_of(spec)
     elif spec in BUILTIN_MODELS:
         build = {"cnn": seed_cnn, "resnet20": resnet20, "unet": unet}[spec]
         model = build(input_shape, num_classes, norm=norm_factory(sync_bn), seed=seed, rank=rank)
@@ -290,7 +290,7 @@ def _import_model(spec: str) -> Callable:
 
 def _user_model(fn: Callable, spec, input_shape: Tuple[int, int, int], num_classes: int, rank: int) -> tf.keras.Model:
     """The model of a user's model function ``fn`` (``spec``: it, or its name), built (see :func:`build_model`)."""
-    spec = spec if isinstance(spec, str) else getattr(spec, "__name__", type(spec).__name__)
+    spec = name_of(spec)
     try:
         model = fn(input_shape=tuple(input_shape), num_classes=num_classes)
     except HvdtrainError:
