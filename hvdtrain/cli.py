@@ -103,7 +103,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--data", metavar="MODULE:FUNCTION", default=None,
                    help="your own tf.data pipeline: package.module:function called as function(split='train'|'test', "
                         "rank=, world_size=, seed=, epoch=) returning unbatched (image, label) pairs of the whole split")
-    g.add_argument("--eval-batch-size", type=int, default=d.data.eval_batch_size, help="examples per evaluation batch per rank")
+    g.add_argument("--eval-batch-size", type=int, default=d.data.eval_batch_size,
+                   help="examples per evaluation batch per rank (0: the local batch, --batch-size)")
     g.add_argument("--image-size", type=int, default=d.data.image_size,
                    help="tfrecord/folder: resize to this square (center crop for evaluation); 0 keeps the stored "
                         "size, which every image must share")

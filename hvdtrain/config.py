@@ -51,6 +51,10 @@ def _is_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def _check_int(value, flag: str, minimum: int) -> None:
+    _check(_is_int(value) and value >= minimum, flag, f"an integer >= {minimum}", value)
+
+
 @dataclasses.dataclass(frozen=True)
 class DataConfig:
     """Where the training data comes from.
@@ -62,7 +66,7 @@ class DataConfig:
         data_dir: the IDX or TFRecord directory, the image folder, or the NPZ file.
         function: ``package.module:function`` returning a ``tf.data.Dataset``
             (:mod:`hvdtrain.data.function`), for ``dataset == "function"``.
-        eval_batch_size: examples per evaluation batch on each rank.
+        eval_batch_size: examples per evaluation batch on each rank; 0: the local batch.
         image_size: ``tfrecord``/``folder``: side of the square images are resized to (center
             crop for evaluation); 0 keeps the stored size, which every image must share.
         augment: ``tfrecord``/``folder`` training: ``none``, ``flip`` (random left-right flip) or
@@ -77,7 +81,7 @@ class DataConfig:
     dataset: str = "idx"
     data_dir: str = DEFAULT_DATA_DIR
     function: Optional[str] = None
-    eval_batch_size: int = 1000
+    eval_batch_size: int = 0
     image_size: int = 0
     augment: str = "none"
     num_classes: int = 0
@@ -92,20 +96,16 @@ class DataConfig:
 
     def __post_init__(self):
         _check(self.dataset in DATASETS, "--dataset", f"one of {DATASETS}", self.dataset)
-        _check(_is_int(self.eval_batch_size) and self.eval_batch_size >= 1, "--eval-batch-size", "an integer >= 1",
-               self.eval_batch_size)
-        _check(_is_int(self.image_size) and self.image_size >= 0, "--image-size", "an integer >= 0", self.image_size)
+        _check_int(self.eval_batch_size, "--eval-batch-size", 0)
+        _check_int(self.image_size, "--image-size", 0)
         _check(self.augment in AUGMENTATIONS, "--augment", f"one of {AUGMENTATIONS}", self.augment)
-        _check(_is_int(self.num_classes) and self.num_classes >= 0, "--num-classes", "an integer >= 0",
-               self.num_classes)
-        _check(_is_int(self.shuffle_buffer) and self.shuffle_buffer >= 1, "--shuffle-buffer", "an integer >= 1",
-               self.shuffle_buffer)
+        _check_int(self.num_classes, "--num-classes", 0)
+        _check_int(self.shuffle_buffer, "--shuffle-buffer", 1)
         if (self.dataset == "function") != bool(self.function):
             raise HvdtrainError("--data package.module:function is a dataset of its own: give it without --dataset"
                                 if self.function else "--dataset function needs --data package.module:function")
-        if self.function is not None:
-            _check(isinstance(self.function, str) and ":" in self.function, "--data", "'package.module:function'",
-                   self.function)
+        _check(self.function is None or isinstance(self.function, str) and ":" in self.function, "--data",
+               "'package.module:function'", self.function)
         if self.dataset not in ("tfrecord", "folder") and (self.image_size or self.augment != "none"):
             raise HvdtrainError(f"--image-size and --augment apply to --dataset tfrecord and folder (decoded by "
                                 f"hvdtrain), not {self.dataset}")
@@ -133,10 +133,9 @@ class ModelConfig:
     def __post_init__(self):
         _check(isinstance(self.name, str) and bool(self.name.strip()), "--model", "a model name", self.name)
         if not self.sync_bn and ":" in self.name:
-            raise HvdtrainError(
-                f"--no-sync-bn applies to the built-in models only; the function of --model {self.name!r} "
-                f"chooses its own layers (tf.keras.layers.BatchNormalization normalizes each rank's batch, "
-                f"hvdtrain.SyncBatchNormalization the global batch)")
+            raise HvdtrainError(f"--no-sync-bn applies to the built-in models only; the function of --model "
+                                f"{self.name!r} chooses its own layers (tf.keras.layers.BatchNormalization "
+                                f"normalizes each rank's batch, hvdtrain.SyncBatchNormalization the global batch)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -215,7 +214,8 @@ class OptimConfig:
         _check(_is_number(self.base_lr) and self.base_lr > 0, "--lr", "finite and > 0", self.base_lr)
         _check(_is_number(self.weight_decay) and self.weight_decay >= 0, "--weight-decay", "finite and >= 0",
                self.weight_decay)
-        _check(_is_number(self.clip_norm) and self.clip_norm >= 0, "--clip-norm", "finite and >= 0", self.clip_norm)
+        _check(_is_number(self.clip_norm) and self.clip_norm >= 0, "--clip-norm", "finite and >= 0",
+               self.clip_norm)
         if self.name == "adamw" and not self.weight_decay:
             raise HvdtrainError("--optimizer adamw needs --weight-decay > 0 (with 0 it is --optimizer adam)")
         if self.name == "adam" and self.weight_decay:
@@ -226,8 +226,7 @@ class OptimConfig:
         _check(_is_number(self.warmup_epochs) and self.warmup_epochs >= 0, "--warmup-epochs", "finite and >= 0",
                self.warmup_epochs)
         _check(self.lr_schedule in LR_SCHEDULES, "--lr-schedule", f"one of {LR_SCHEDULES}", self.lr_schedule)
-        _check(_is_int(self.backward_passes_per_step) and self.backward_passes_per_step >= 1,
-               "--backward-passes-per-step", "an integer >= 1", self.backward_passes_per_step)
+        _check_int(self.backward_passes_per_step, "--backward-passes-per-step", 1)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -266,9 +265,8 @@ class CheckpointConfig:
     every_steps: int = 0
 
     def __post_init__(self):
-        _check(_is_int(self.keep) and self.keep >= 1, "--keep-checkpoints", "an integer >= 1", self.keep)
-        _check(_is_int(self.every_steps) and self.every_steps >= 0, "--checkpoint-every", "an integer >= 0",
-               self.every_steps)
+        _check_int(self.keep, "--keep-checkpoints", 1)
+        _check_int(self.every_steps, "--checkpoint-every", 0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -287,7 +285,7 @@ class LogConfig:
     progress: bool = True
 
     def __post_init__(self):
-        _check(_is_int(self.log_every) and self.log_every >= 1, "--log-every", "an integer >= 1", self.log_every)
+        _check_int(self.log_every, "--log-every", 1)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -314,7 +312,7 @@ class RuntimeConfig:
     horovod_cycle_time_ms: float = 0.1
 
     def __post_init__(self):
-        _check(_is_int(self.threads) and self.threads >= 0, "--threads", "an integer >= 0", self.threads)
+        _check_int(self.threads, "--threads", 0)
         _check(_is_number(self.stall_timeout) and self.stall_timeout >= 0, "--stall-timeout", "finite and >= 0",
                self.stall_timeout)
         _check(_is_int(self.horovod_nice) and 0 <= self.horovod_nice <= 19, "--horovod-nice", "an integer in [0, 19]",
@@ -330,17 +328,15 @@ class ElasticConfig:
     Attributes:
         enabled: run under ``horovodrun --min-np/--max-np --host-discovery-script``; a lost
             worker costs the steps since the last commit instead of the job.
-        commit_every: steps between in-memory commits of the training state on every rank (each
-            costs two small allreduces -- the metric sums with the count of non-finite variables,
-            and the host-update check -- a pass over the variables and their copy to host memory).
+        commit_every: steps between in-memory commits of the training state on every rank (each costs
+            two small allreduces, a pass over the variables and their copy to host memory).
     """
 
     enabled: bool = False
     commit_every: int = 20
 
     def __post_init__(self):
-        _check(_is_int(self.commit_every) and self.commit_every >= 1, "--commit-every", "an integer >= 1",
-               self.commit_every)
+        _check_int(self.commit_every, "--commit-every", 1)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -368,8 +364,8 @@ class Config:
     elastic: ElasticConfig = ElasticConfig()
 
     def __post_init__(self):
-        _check(_is_int(self.epochs) and self.epochs >= 0, "--epochs", "an integer >= 0", self.epochs)
-        _check(_is_int(self.batch_size) and self.batch_size >= 1, "--batch-size", "an integer >= 1", self.batch_size)
+        _check_int(self.epochs, "--epochs", 0)
+        _check_int(self.batch_size, "--batch-size", 1)
         _check(_is_int(self.seed) and 0 <= self.seed < 2**31, "--seed", "an integer in [0, 2^31)", self.seed)
         if self.checkpoint.resume and self.checkpoint.dir is None and self.log.dir is None:
             raise HvdtrainError("--resume needs the run to continue: pass its --log-dir or --checkpoint-dir")
@@ -387,13 +383,17 @@ class Config:
                                 f"pass whose gradients overflow would spoil the whole accumulated update; use "
                                 f"--precision bf16, which needs no loss scaling")
         if self.elastic.enabled and self.data.streaming:
-            raise HvdtrainError(f"--elastic cannot be combined with the streamed --dataset {self.data.dataset} yet: "
-                                f"a change of world size moves the ranks' ranges of the stream; use an in-memory "
-                                f"dataset (idx, npz) or a fixed world size")
+            raise HvdtrainError(f"--elastic cannot be combined with the streamed --dataset {self.data.dataset} yet: a "
+                                f"new world size moves the ranks' ranges of the stream; use idx/npz or a fixed one")
         if self.elastic.enabled and self.optim.backward_passes_per_step > 1:
             raise HvdtrainError(f"--elastic cannot be combined with --backward-passes-per-step "
                                 f"{self.optim.backward_passes_per_step}: a reset would drop half-accumulated "
                                 f"gradients; use a larger --batch-size instead")
+
+    @property
+    def eval_batch_size(self) -> int:
+        """Examples per evaluation batch on each rank: ``data.eval_batch_size``, or the local batch."""
+        return self.data.eval_batch_size or self.batch_size
 
     def to_dict(self) -> dict:
         """Plain nested dict (for the run's metadata and checkpoints)."""

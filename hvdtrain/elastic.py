@@ -238,7 +238,7 @@ class ElasticJob:
                            self.objective))
             callbacks.append(cbs.ElasticCommit(state, config.epochs))
             trainer = Trainer(ctx, model, optimizer, self.dataset, plan, log_every=config.log.log_every,
-                              eval_batch_size=config.data.eval_batch_size, callbacks=callbacks,
+                              eval_batch_size=config.eval_batch_size, callbacks=callbacks,
                               watchdog=self.watchdog, agree_on_writes=True, loss_scale=self.loss_scale,
                               xla=config.compute.xla, objective=self.objective)
             metrics = trainer.fit(start, config.epochs,

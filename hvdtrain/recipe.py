@@ -184,7 +184,7 @@ def run(config: Config, parts: Parts = Parts()) -> Outcome:
         # 8. Train: the same steps on every rank.
         watchdog.beat("the first training step")
         trainer = Trainer(ctx, model, optimizer, dataset, plan, log_every=config.log.log_every,
-                          eval_batch_size=config.data.eval_batch_size, callbacks=callbacks, watchdog=watchdog,
+                          eval_batch_size=config.eval_batch_size, callbacks=callbacks, watchdog=watchdog,
                           backward_passes_per_step=passes, loss_scale=loss_scale, xla=config.compute.xla,
                           objective=objective)
         metrics = trainer.fit(start, config.epochs, save_every=(config.checkpoint.every_steps,))

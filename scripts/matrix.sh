@@ -31,7 +31,7 @@ for stack in "${STACKS[@]}"; do
   STACK="$stack" HVDTRAIN_VENV="$venv" bash "$ROOT/scripts/setup.sh"
   versions=$("$venv/bin/python" -c 'import sys, tensorflow as tf, horovod; print(f"Python {sys.version.split()[0]}, TensorFlow {tf.__version__}, horovod {horovod.__version__}")' 2>/dev/null)
   start=$SECONDS
-  if (cd "$ROOT" && "$venv/bin/python" -m pytest -q -p no:cacheprovider "${SMOKE[@]}"); then
+  if (cd "$ROOT" && "$venv/bin/python" -m pytest -q -n 2 -p no:cacheprovider "${SMOKE[@]}"); then
     echo "[matrix] $stack ($versions): smoke subset PASSED in $((SECONDS - start)) s"
   else
     echo "[matrix] $stack ($versions): smoke subset FAILED"

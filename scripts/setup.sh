@@ -74,7 +74,7 @@ fi
 PY="$VENV/bin/python"
 PIP=("$PY" -m pip install -q --disable-pip-version-check)
 
-if ! "$PY" -c 'import tensorflow, tf_keras, mpi4py, tqdm, pytest, matplotlib, yaml, cloudpickle, psutil, tensorboard' 2>/dev/null; then
+if ! "$PY" -c 'import tensorflow, tf_keras, mpi4py, tqdm, pytest, xdist, matplotlib, yaml, cloudpickle, psutil, tensorboard' 2>/dev/null; then
   log "installing Python requirements ($REQUIREMENTS)"
   "${PIP[@]}" --upgrade pip 'setuptools<70' wheel
   "${PIP[@]}" --only-binary=mpi4py -r "$REQUIREMENTS"

@@ -27,21 +27,17 @@ def test_custom_task_example_trains_a_model_function_with_a_callable_metric_at_t
     assert len(lines) == 2 and lines[0].split(">", 1)[1] == lines[1].split(">", 1)[1]
 
 
-def test_segmentation_example_synchronized_batchnorm_beats_per_rank_at_local_batch_2(tmp_path):
-    """The U-Net of examples/segmentation.py at 2 ranks x 2 images, one epoch of 2,000 images:
-    synchronized BatchNorm reaches a higher held-out mean IoU than per-rank BatchNorm (0.31
-    against 0.26 here; benchmarks/segmentation_bn.py measures it over seeds)."""
-    runs = {}
-    for mode in ("sync", "per-rank"):
-        flags = ["--no-sync-bn"] if mode == "per-rank" else []
-        result = run_ranks(2, ["examples/segmentation.py", "--train", "2000", "--epochs", "1", "--log-dir",
-                               str(tmp_path / mode), *flags])
-        assert "11 classes per pixel (28x28 label maps)" in result.stdout
-        [runs[mode]] = logged(tmp_path / mode)
+def test_segmentation_example_trains_the_unet_at_local_batch_2(tmp_path):
+    """The U-Net of examples/segmentation.py at 2 ranks x 2 images, one epoch of 1,000 images, learns
+    more than the background (0.18 here). Whether synchronized BatchNorm beats per-rank BatchNorm
+    there is a measurement over seeds: benchmarks/segmentation_bn.py."""
+    result = run_ranks(2, ["examples/segmentation.py", "--train", "1000", "--epochs", "1", "--log-dir",
+                           str(tmp_path / "sync")])
+    assert "11 classes per pixel (28x28 label maps)" in result.stdout
+    [epoch] = logged(tmp_path / "sync")
     assert (tmp_path / "sync" / "config.yaml").read_text().count("name: unet") == 1
     # Predicting background everywhere scores about 0.56 / 11 = 0.05.
-    assert runs["per-rank"]["test_mean_iou"] > 0.1
-    assert runs["sync"]["test_mean_iou"] > runs["per-rank"]["test_mean_iou"] + 0.02, runs
+    assert epoch["test_mean_iou"] > 0.1, epoch
 
 
 def test_settings_go_over_the_config_and_are_checked_by_name():

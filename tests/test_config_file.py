@@ -107,8 +107,15 @@ def test_a_run_records_its_settings_and_runs_again_from_them(tmp_path):
     (["--precision", "fp64"], "argument --precision: invalid choice: 'fp64'"),
     (["--precision", "fp16", "--backward-passes-per-step", "2"],
      "--precision fp16 cannot be combined with --backward-passes-per-step 2"),
+    (["--eval-batch-size", "-1"], "--eval-batch-size must be an integer >= 0, got -1"),
 ])
 def test_bad_settings_are_one_error(flags, message, capsys):
     with pytest.raises((HvdtrainError, SystemExit)) as e:
         parse_command_line(flags)
     assert message in (str(e.value) if isinstance(e.value, HvdtrainError) else capsys.readouterr().err)
+
+
+def test_evaluation_batches_are_the_local_batch_unless_set():
+    """An evaluation batch's activations are held at once: by default no more than a training step's."""
+    assert parse_command_line(["--batch-size", "32"])[0].eval_batch_size == 32
+    assert parse_command_line(["--batch-size", "32", "--eval-batch-size", "500"])[0].eval_batch_size == 500

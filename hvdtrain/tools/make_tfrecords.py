@@ -37,7 +37,7 @@ def write_split(paths, labels, names, out_dir: str, prefix: str, shards: int, se
 
     Args:
         paths, labels, names: the split's image files, their class indices and the class names
-            (:func:`hvdtrain.data.folder.list_split`).
+            (:func:`hvdtrain.data.folder.list_split`; paths as bytes).
         out_dir: the output directory.
         prefix: ``train``, ``test`` or ``validation``.
         shards: files to write (at most one per image).
@@ -61,7 +61,7 @@ def write_split(paths, labels, names, out_dir: str, prefix: str, shards: int, se
                 with open(paths[i], "rb") as f:
                     encoded = f.read()
                 writer.write(_example(tf, encoded, int(labels[i]), names[labels[i]],
-                                      os.path.basename(paths[i])).SerializeToString())
+                                      os.fsdecode(os.path.basename(paths[i]))).SerializeToString())
         os.replace(tmp, path)
     return len(paths)
 
