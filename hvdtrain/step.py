@@ -56,6 +56,12 @@ def streamed(image_shape, image_dtype: tf.DType, label_shape=(), label_dtype: tf
                       lambda images, labels: (to_model_input(images), labels))
 
 
+def _as_is(method: Callable) -> Callable:
+    """``method`` traced as it is, not converted by AutoGraph: Horovod's and Keras' optimizer code has
+    no Python control flow on tensors, and converting it takes about a second of every rank's start."""
+    return tf.autograph.experimental.do_not_convert(method)
+
+
 def make_train_step(model: tf.keras.Model, optimizer, world_size: int, inputs: StepInputs,
                     objective: Objective, sums: tf.Variable, loss_scale: Optional[DynamicLossScale] = None,
                     xla: bool = False) -> Tuple[Callable, Optional[Callable]]:
@@ -101,7 +107,7 @@ def make_train_step(model: tf.keras.Model, optimizer, world_size: int, inputs: S
             with tf.GradientTape() as tape:
                 loss, batch_sums = scaled_loss(images, labels, global_count)
             # Allreduce (average) of the gradients happens in the wrapped compute_gradients.
-            optimizer.apply_gradients(optimizer.compute_gradients(loss, variables, tape=tape))
+            _as_is(optimizer.apply_gradients)(_as_is(optimizer.compute_gradients)(loss, variables, tape=tape))
             sums.assign_add(batch_sums)
 
         return train_step, None
@@ -129,9 +135,9 @@ def make_train_step(model: tf.keras.Model, optimizer, world_size: int, inputs: S
         saved = [tf.identity(v) for v in forward_state]  # read before the forward pass writes them
         gradients, batch_sums = local_gradients(images, labels, global_count)
         # Horovod's ring-allreduce, as its wrapped compute_gradients runs it after the backward pass.
-        gradients = optimizer._allreduce(gradients, variables)  # pylint: disable=protected-access
+        gradients = _as_is(optimizer._allreduce)(gradients, variables)  # pylint: disable=protected-access
         if loss_scale is None:
-            optimizer.apply_gradients(zip(gradients, variables))
+            _as_is(optimizer.apply_gradients)(zip(gradients, variables))
             sums.assign_add(batch_sums)
             return
         # The allreduced gradients are alike on every rank, and non-finite on every rank if they
@@ -139,7 +145,7 @@ def make_train_step(model: tf.keras.Model, optimizer, world_size: int, inputs: S
         finite = loss_scale.all_finite(gradients)
 
         def apply():
-            optimizer.apply_gradients(zip(gradients, variables))
+            _as_is(optimizer.apply_gradients)(zip(gradients, variables))
             sums.assign_add(batch_sums)  # a skipped step's examples are left out of the metrics
             return tf.constant(True)
 
