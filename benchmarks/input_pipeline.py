@@ -1,8 +1,8 @@
 """Does the streamed input keep up with training? The input pipeline's own images/s per core, the
 training step's demand, and streamed against in-memory training img/s, side by side in one run.
 
-    .venv/bin/python benchmarks/input_pipeline.py                 # Fashion-MNIST, 12,000 training images
-    .venv/bin/python benchmarks/input_pipeline.py --train-examples 60000 --rounds 3
+    .venv/bin/python benchmarks/input_pipeline.py                 # Fashion-MNIST's 60,000 training images
+    .venv/bin/python benchmarks/input_pipeline.py --train-examples 12000 --rounds 3
 
 Makes, in a temporary directory, the first ``--train-examples`` Fashion-MNIST training images (and
 2,000 test images) as a PNG folder, as TFRecord shards of it (``make_tfrecords``) and as an NPZ file
@@ -95,7 +95,8 @@ def train(kind: str, path: str, run_dir: str, epochs: int) -> float:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--train-examples", type=common.at_least(512), default=12000)
+    p.add_argument("--train-examples", type=common.at_least(512), default=60000,
+                   help="the first this many Fashion-MNIST training images (60,000: all of them)")
     p.add_argument("--rounds", type=common.at_least(1), default=2)
     p.add_argument("--epochs", type=common.at_least(2), default=2, help="per training job; the last one is timed")
     p.add_argument("--batch-size", type=common.at_least(1), default=128)

@@ -214,8 +214,7 @@ class OptimConfig:
         _check(_is_number(self.base_lr) and self.base_lr > 0, "--lr", "finite and > 0", self.base_lr)
         _check(_is_number(self.weight_decay) and self.weight_decay >= 0, "--weight-decay", "finite and >= 0",
                self.weight_decay)
-        _check(_is_number(self.clip_norm) and self.clip_norm >= 0, "--clip-norm", "finite and >= 0",
-               self.clip_norm)
+        _check(_is_number(self.clip_norm) and self.clip_norm >= 0, "--clip-norm", "finite and >= 0", self.clip_norm)
         if self.name == "adamw" and not self.weight_decay:
             raise HvdtrainError("--optimizer adamw needs --weight-decay > 0 (with 0 it is --optimizer adam)")
         if self.name == "adam" and self.weight_decay:
