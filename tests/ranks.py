@@ -57,17 +57,21 @@ def rank_env(extra: Optional[dict] = None) -> dict:
 
 def command(np_: int, argv: List[str], launcher: str = "gloo") -> List[str]:
     """The command line that starts ``np_`` ranks of ``python <argv>`` with ``launcher``."""
-    python = [sys.executable, *argv]
+    return launch(np_, [sys.executable, *argv], launcher)
+
+
+def launch(np_: int, program: List[str], launcher: str = "gloo") -> List[str]:
+    """The command line that starts ``np_`` ranks of ``program`` (a whole argv) with ``launcher``."""
     if launcher == "gloo":
-        return [*HOROVODRUN, "-np", str(np_), "-H", f"localhost:{np_}", "--gloo", *python]
+        return [*HOROVODRUN, "-np", str(np_), "-H", f"localhost:{np_}", "--gloo", *program]
     if launcher == "horovodrun-mpi":
         return [*HOROVODRUN, "-np", str(np_), "-H", f"localhost:{np_}", "--mpi",
-                "--mpi-args=--oversubscribe --bind-to none", *python]
+                "--mpi-args=--oversubscribe --bind-to none", *program]
     if launcher == "mpirun":
-        return [*MPIRUN, "-np", str(np_), *python]
+        return [*MPIRUN, "-np", str(np_), *program]
     if launcher == "single":
         assert np_ == 1
-        return python
+        return program
     raise ValueError(f"unknown launcher {launcher!r}; one of {LAUNCHERS}")
 
 

@@ -19,7 +19,7 @@ from typing import List
 import numpy as np
 import pytest
 
-from tests.ranks import HOROVODRUN, command, rank_env
+from tests.ranks import command, launch, rank_env
 from tests.data.test_datasets import corrupt, make_idx_dir, save_npz, write_idx
 
 MLP = ["--model", "tests.models:mlp"]
@@ -286,7 +286,7 @@ def test_bad_input(tmp_path, tmp_path_factory, make_args, message, request):
     entry = [] if args[0] == "-m" else ["-m", "hvdtrain"]  # a case may run hvdtrain through a test worker
     exits = tmp_path_factory.mktemp("exit-status")
     argv = recording_exit_status([*entry, *args, "--threads", "1", "--no-progress"], exits)
-    proc = subprocess.run([*HOROVODRUN, "-np", "2", "-H", "localhost:2", "--gloo", *argv], env=rank_env(),
+    proc = subprocess.run(launch(2, argv), env=rank_env(),
                           capture_output=True, text=True, timeout=120)
     seconds = time.monotonic() - start
     output = proc.stdout + proc.stderr
