@@ -5,7 +5,7 @@ shards, or the user's own ``tf.data`` function) with how images become the model
 (:class:`ImageView`). Each epoch it builds this rank's pipeline:
 
     this rank's elements, in its order (the split's)  ->  decode, crop, augment
-    (``num_parallel_calls=AUTOTUNE``, deterministic)  ->  local batches of the plan's sizes  ->  prefetch
+    (one thread per core of the rank, deterministic)  ->  local batches of the plan's sizes  ->  prefetch
     (:data:`PREFETCH_BATCHES`)
 
 The local batch sizes are the :class:`~hvdtrain.data.sharding.ShardPlan`'s, so every rank runs
@@ -18,6 +18,7 @@ rank.
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 from typing import List, Sequence, Tuple
 
@@ -187,22 +188,25 @@ class StreamingDataset:
     def _pipeline(self, split: Split, elements: tf.data.Dataset, training: bool, epoch: int,
                   sizes: Sequence[int], threads: int) -> tf.data.Dataset:
         """Decode in parallel, in order, then cut batches of ``sizes`` (the last may differ)."""
-        data = split.prepare(elements).map(self._decode(split, training, epoch), num_parallel_calls=tf.data.AUTOTUNE,
+        # One decoding thread per core of the rank: more would take the cores from the step.
+        parallel = threads or len(os.sched_getaffinity(0))
+        data = split.prepare(elements).map(self._decode(split, training, epoch), num_parallel_calls=parallel,
                                            deterministic=True)
         data = data.batch(sizes[0]).rebatch(tf.constant(sizes, tf.int64))  # rebatch cycles through the sizes
         data = data.map(self._check_labels).prefetch(PREFETCH_BATCHES)
-        if threads:  # the rank's own cores: more decoding threads than cores would take them from the step
-            options = tf.data.Options()
-            options.threading.private_threadpool_size = threads
-            options.autotune.cpu_budget = threads
-            data = data.with_options(options)
-        return data
+        options = tf.data.Options()
+        options.threading.private_threadpool_size = parallel
+        # No autotuning: closing an iterator waits for the autotuning thread's next wake-up, up to
+        # 10 s away once a pipeline has run a while (TF 2.21: epochs' ends stalled for that long),
+        # and with the rank's cores known there is little left to tune.
+        options.autotune.enabled = False
+        return data.with_options(options)
 
     def train_batches(self, plan: ShardPlan, epoch: int, first_step: int = 0,
                       threads: int = 0) -> Tuple[tf.data.Dataset, List[int]]:
         """This rank's local batches ``(images, labels)`` from ``first_step`` to the end of
         ``epoch``, one per step, and their sizes (the plan's local batch sizes). ``threads``: the
-        rank's CPU cores, which the pipeline's threads are limited to (0: tf.data's default).
+        rank's CPU cores, which the pipeline's threads are limited to (0: the CPUs this process may run on).
 
         Images are uint8 ``(b, H, W, C)`` (the view's input shape; a data function's own dtype),
         labels int32 ``(b, *label_shape)``.
