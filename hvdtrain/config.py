@@ -381,9 +381,10 @@ class Config:
             raise HvdtrainError(f"--precision fp16 cannot be combined with --backward-passes-per-step {passes}: a "
                                 f"pass whose gradients overflow would spoil the whole accumulated update; use "
                                 f"--precision bf16, which needs no loss scaling")
-        if self.elastic.enabled and self.data.streaming:
-            raise HvdtrainError(f"--elastic cannot be combined with the streamed --dataset {self.data.dataset} yet: a "
-                                f"new world size moves the ranks' ranges of the stream; use idx/npz or a fixed one")
+        if self.elastic.enabled and self.data.dataset in ("tfrecord", "function"):
+            ranged = f"--data {self.data.function}" if self.data.function else "--dataset tfrecord"
+            raise HvdtrainError(f"--elastic cannot be combined with {ranged}: each rank reads its own range of the "
+                                f"stream, which a new world size moves; use --dataset folder, idx or npz")
         if self.elastic.enabled and self.optim.backward_passes_per_step > 1:
             raise HvdtrainError(f"--elastic cannot be combined with --backward-passes-per-step "
                                 f"{self.optim.backward_passes_per_step}: a reset would drop half-accumulated "

@@ -156,7 +156,8 @@ class Trainer:
             for step, indices, global_count in self.plan.epoch(epoch, first, first_example):
                 yield step, (indices,), global_count
             return
-        batches, sizes = self.stream.train_batches(self.plan, epoch, first, threads=self.ctx.intra_op_threads)
+        batches, sizes = self.stream.train_batches(self.plan, epoch, first, first_example,
+                                                   threads=self.ctx.intra_op_threads)
         iterator = iter(batches)
         # Filling a shuffle buffer, or a resumed epoch reading up to where it stopped, is no stall.
         self.watchdog.pause(f"reading the first batch of epoch {epoch + 1}", FIRST_BATCH_MAX_S)
@@ -166,13 +167,13 @@ class Trainer:
             except StopIteration:
                 images = labels = None
             except tf.errors.OpError as e:
-                raise self.stream.failed_step(e, self.plan, epoch, step, first) from None
+                raise self.stream.failed_step(e, self.plan, epoch, step, first, first_example) from None
             if images is None or int(images.shape[0]) != size:
                 got = 0 if images is None else int(images.shape[0])
                 raise HvdtrainError(f"{self.stream.name}: rank {self.ctx.rank} got {got} example(s) at epoch {epoch + 1}, "
                                     f"step {step + 1}, where {size} were planned: the data gave fewer examples this "
                                     f"epoch than the {self.stream.num_train:,} counted at the start")
-            yield step, (images, labels), self.plan.global_batch_size(step)
+            yield step, (images, labels), self.plan.global_batch_size(step, first_example)
 
     def _make_count_non_finite(self):
         """A compiled function: the number (int64 scalar) of NaN and infinite values in the model's

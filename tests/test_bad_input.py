@@ -241,8 +241,8 @@ CASES = [
      "--data package.module:function is a dataset of its own: give it without --dataset"),
     ("--augment standard without --image-size", lambda t, r: ["--dataset", "folder", "--augment", "standard"],
      "--augment standard crops at random and resizes: it needs --image-size"),
-    ("--elastic with a streamed dataset", lambda t, r: ["--dataset", "tfrecord", "--elastic"],
-     "--elastic cannot be combined with the streamed --dataset tfrecord yet"),
+    ("--elastic with TFRecords", lambda t, r: ["--dataset", "tfrecord", "--elastic"],
+     "--elastic cannot be combined with --dataset tfrecord: each rank reads its own range of the stream"),
 ]
 
 

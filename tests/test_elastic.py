@@ -19,6 +19,8 @@ import numpy as np
 import psutil
 import pytest
 
+from hvdtrain.data.datasets import make_synthetic
+from tests.image_files import write_image_folder
 from tests.ranks import BIN, HOROVODRUN, REPO, rank_env
 from tests.test_faults import rank_pid
 
@@ -131,14 +133,34 @@ def test_elastic_job_survives_a_killed_chief_and_uses_a_worker_added_back(tmp_pa
 
 def test_elastic_resume_continues_mid_epoch_at_another_world_size(tmp_path):
     """Kill the whole job after a mid-epoch checkpoint at world size 2; resume it on 1 worker."""
+    _resume_mid_epoch_at_another_world_size(tmp_path, [], NUM_TRAIN, 2, 30, 1, "resuming at step")
+
+
+def test_elastic_image_folder_resumes_mid_epoch_at_another_world_size(tmp_path):
+    """The same with an image folder, streamed by tf.data, from 1 worker to 2: each rank reads
+    the in-memory plan's indices, so the resumed epoch continues at the checkpoint's example too.
+    That example (47 steps x 32 = 1,504) is inside a step of the new global batch (64: step 24
+    from 1,472), which then takes the 32 examples from 1,504 on, not the 64 from 1,472."""
+    data = make_synthetic(num_train=3000, num_test=200)
+    folder = write_image_folder(tmp_path / "folder", data.x_train, data.y_train, data.x_test, data.y_test, fmt="png")
+    _resume_mid_epoch_at_another_world_size(tmp_path, ["--dataset", "folder", "--data-dir", folder], 3000, 1, 47, 2,
+                                            "resuming at step 24 of epoch 1")
+
+
+def _resume_mid_epoch_at_another_world_size(tmp_path, data_args, num_train, np_before, checkpoint_every, np_after,
+                                            resumed):
+    """Kill an elastic job of ``np_before`` workers after its first mid-epoch checkpoint, resume
+    it on ``np_after``: the output says ``resumed``, and each epoch trains on every example once."""
     log_dir = tmp_path / "run"
-    args = ["--model", "tests.models:cnn_sync_bn", "--epochs", "2"]
+    args = [*data_args, "--model", "tests.models:cnn_sync_bn", "--epochs", "2"]
+    hosts = ["localhost", "127.0.0.1"]
 
     def mid_epoch_checkpoint():
         return any(json.loads(meta.read_text())["step_in_epoch"]
                    for meta in log_dir.glob("checkpoints/ckpt-*/meta.json"))
 
-    job, _ = _elastic_job(tmp_path, ["localhost", "127.0.0.1"], 2, 2, [*args, "--checkpoint-every", "30"])
+    job, _ = _elastic_job(tmp_path, hosts[:np_before], np_before, np_before,
+                          [*args, "--checkpoint-every", str(checkpoint_every)])
     try:
         _wait_for("a mid-epoch checkpoint", mid_epoch_checkpoint, job)
     finally:
@@ -146,15 +168,15 @@ def test_elastic_resume_continues_mid_epoch_at_another_world_size(tmp_path):
         job.communicate()
     assert len(_epochs(log_dir / "metrics.jsonl")) < 2
 
-    job, _ = _elastic_job(tmp_path, ["localhost"], 1, 1, [*args, "--resume"])
+    job, _ = _elastic_job(tmp_path, hosts[:np_after], np_after, np_after, [*args, "--resume"])
     out = _finish(job)
     assert job.returncode == 0, out[-4000:]
-    assert "resuming at step" in out, out[-3000:]
+    assert resumed in out, out[-3000:]
     epochs = _epochs(log_dir / "metrics.jsonl")
-    assert [e["epoch"] for e in epochs] == [1, 2] and epochs[-1]["world_size"] == 1
+    assert [e["epoch"] for e in epochs] == [1, 2] and epochs[-1]["world_size"] == np_after
     # The resumed epoch continued at the checkpoint's example: with the examples trained before
     # it (carried in the checkpoint's metric sums), each example once.
-    assert all(e["train_examples"] == NUM_TRAIN for e in epochs), [e["train_examples"] for e in epochs]
+    assert all(e["train_examples"] == num_train for e in epochs), [e["train_examples"] for e in epochs]
 
 
 def test_an_interrupted_elastic_run_says_where_to_resume_from(tmp_path):

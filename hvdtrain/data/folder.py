@@ -4,7 +4,8 @@ streamed by tf.data.
 Classes are the training split's sub-folders, sorted by name, as Keras'
 ``image_dataset_from_directory`` orders them; examples are the files of each class, sorted. Each
 step a rank reads exactly the examples the :class:`~hvdtrain.data.sharding.ShardPlan` gives it
-(the same as in memory): one process at the global batch reads the same examples at each step.
+(the same as in memory): one process at the global batch reads the same examples at each step,
+and an elastic job that changes world size continues at the same example of the epoch.
 """
 from __future__ import annotations
 
@@ -34,9 +35,9 @@ class FolderSplit(Split):
         indices = np.asarray(indices, np.int64)
         return tf.data.Dataset.from_tensor_slices((self.paths[indices], self.labels[indices], indices))
 
-    def rank_elements(self, plan: ShardPlan, epoch: int, first_step: int):
+    def rank_elements(self, plan: ShardPlan, epoch: int, first_step: int, first_example: int = 0):
         sizes, parts = [], []
-        for _, local, _ in plan.epoch(epoch, first_step):
+        for _, local, _ in plan.epoch(epoch, first_step, first_example):
             sizes.append(len(local))
             parts.append(local)
         return self._elements(np.concatenate(parts) if parts else np.zeros(0, np.int64)), sizes

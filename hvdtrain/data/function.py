@@ -28,7 +28,8 @@ import numpy as np
 import tensorflow as tf
 
 from hvdtrain.data.sharding import ShardPlan, eval_shard
-from hvdtrain.data.stream import ImageView, Split, StreamingDataset, local_sizes, rank_range, tf_message
+from hvdtrain.data.stream import (ImageView, Split, StreamingDataset, check_step_start, local_sizes, rank_range,
+                                  tf_message)
 from hvdtrain.errors import HvdtrainError
 from hvdtrain.imports import import_function
 
@@ -73,7 +74,8 @@ class FunctionSplit(Split):
         return tf.data.Dataset.zip((part, tf.data.Dataset.range(first, first + count))).map(
             lambda example, key: (*example, key))
 
-    def rank_elements(self, plan: ShardPlan, epoch: int, first_step: int):
+    def rank_elements(self, plan: ShardPlan, epoch: int, first_step: int, first_example: int = 0):
+        check_step_start(plan, first_step, first_example)
         first, count = rank_range(plan)
         sizes = local_sizes(plan, plan.rank)
         done = sum(sizes[:first_step])

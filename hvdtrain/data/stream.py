@@ -74,9 +74,15 @@ class Split:
     num_examples: int
     decodes = True  # False: the elements already hold images (a data function's)
 
-    def rank_elements(self, plan: ShardPlan, epoch: int, first_step: int) -> Tuple[tf.data.Dataset, List[int]]:
-        """This rank's elements from ``first_step`` to the end of ``epoch``, in its order, and its
-        local batch size at each of those steps (the plan's)."""
+    def rank_elements(self, plan: ShardPlan, epoch: int, first_step: int,
+                      first_example: int = 0) -> Tuple[tf.data.Dataset, List[int]]:
+        """This rank's elements from ``plan.start_step(first_step, first_example)`` to the end of
+        ``epoch``, in its order, and its local batch size at each of those steps (the plan's).
+
+        Raises:
+            ValueError: for a ``first_example`` past ``first_step``'s first example (an elastic
+                job resumed at another world size) where the split reads whole ranges per rank.
+        """
         raise NotImplementedError
 
     def eval_elements(self, world_size: int, rank: int) -> tf.data.Dataset:
@@ -111,6 +117,19 @@ def rank_range(plan: ShardPlan) -> Tuple[int, int]:
     the plan's local batches add up to."""
     counts = [sum(local_sizes(plan, r)) for r in range(plan.world_size)]
     return sum(counts[:plan.rank]), counts[plan.rank]
+
+
+def check_step_start(plan: ShardPlan, first_step: int, first_example: int) -> None:
+    """A split read as one range per rank (:func:`rank_range`) resumes at a step of the plan its
+    ranges were cut for: ranks of another world size read other ranges, so an example of their
+    epoch (an elastic job's position) means nothing in it.
+
+    Raises:
+        ValueError: for a ``first_example`` past ``first_step``'s first example.
+    """
+    if first_example > plan.examples_before(first_step):
+        raise ValueError(f"a split read as one range per rank resumes at a step, not at example {first_example} "
+                         f"of the epoch (step {first_step} begins at {plan.examples_before(first_step)})")
 
 
 class StreamingDataset:
@@ -202,16 +221,17 @@ class StreamingDataset:
         options.autotune.enabled = False
         return data.with_options(options)
 
-    def train_batches(self, plan: ShardPlan, epoch: int, first_step: int = 0,
+    def train_batches(self, plan: ShardPlan, epoch: int, first_step: int = 0, first_example: int = 0,
                       threads: int = 0) -> Tuple[tf.data.Dataset, List[int]]:
-        """This rank's local batches ``(images, labels)`` from ``first_step`` to the end of
-        ``epoch``, one per step, and their sizes (the plan's local batch sizes). ``threads``: the
+        """This rank's local batches ``(images, labels)`` from ``plan.start_step(first_step,
+        first_example)`` to the end of ``epoch``, one per step, and their sizes (the plan's local
+        batch sizes; :meth:`Split.rank_elements` says when a ``first_example`` is refused). ``threads``: the
         rank's CPU cores, which the pipeline's threads are limited to (0: the CPUs this process may run on).
 
         Images are uint8 ``(b, H, W, C)`` (the view's input shape; a data function's own dtype),
         labels int32 ``(b, *label_shape)``.
         """
-        elements, sizes = self.train.rank_elements(plan, epoch, first_step)
+        elements, sizes = self.train.rank_elements(plan, epoch, first_step, first_example)
         if not sizes:
             return tf.data.Dataset.from_tensors(0).take(0), sizes
         return self._pipeline(self.train, elements, True, epoch, sizes, threads), sizes
@@ -224,11 +244,14 @@ class StreamingDataset:
         return self._pipeline(self.test, elements, False, 0, [batch_size], threads)
 
     # ---- what went wrong -------------------------------------------------------------------------
-    def failed_step(self, error: Exception, plan: ShardPlan, epoch: int, step: int, first_step: int) -> HvdtrainError:
-        """The error for a pipeline that failed at ``step``: decodes this rank's examples of that
-        step and the next one by one (eagerly: only after a failure; batching reads a little ahead)
-        and names the first that fails, with its step."""
-        elements, sizes = self.train.rank_elements(plan, epoch, first_step)
+    def failed_step(self, error: Exception, plan: ShardPlan, epoch: int, step: int, first_step: int,
+                    first_example: int = 0) -> HvdtrainError:
+        """The error for a pipeline that failed at ``step`` (of :meth:`train_batches` with
+        ``first_step`` and ``first_example``): decodes this rank's examples of that step and the
+        next one by one (eagerly: only after a failure; batching reads a little ahead) and names
+        the first that fails, with its step."""
+        elements, sizes = self.train.rank_elements(plan, epoch, first_step, first_example)
+        first_step = plan.start_step(first_step, first_example)
         i = step - first_step
         before = sum(sizes[:i])
         scanned = elements.skip(before).take(sum(sizes[i:i + 2]))

@@ -45,12 +45,12 @@ def open_records(directory, **kwargs):
     return opened
 
 
-def epoch_of(dataset, world_size, batch, epoch, first_step=0):
+def epoch_of(dataset, world_size, batch, epoch, first_step=0, first_example=0):
     """Every rank's batches of ``epoch`` (as ``[rank][step] -> (images, labels)``), and the plans."""
     plans = [ShardPlan(dataset.num_train, batch, world_size, r, seed=3) for r in range(world_size)]
     ranks = []
     for plan in plans:
-        batches, sizes = dataset.train_batches(plan, epoch, first_step)
+        batches, sizes = dataset.train_batches(plan, epoch, first_step, first_example)
         got = [(x.numpy(), y.numpy()) for x, y in batches]
         assert [len(y) for _, y in got] == sizes
         ranks.append(got)
@@ -88,6 +88,10 @@ def test_tfrecord_resume_mid_epoch_continues_the_same_stream(tmp_path):
     resumed, _ = epoch_of(dataset, 2, 2, epoch=1, first_step=2)
     for rank in range(2):
         assert [y.tolist() for _, y in resumed[rank]] == [y.tolist() for _, y in whole[rank][2:]]
+    # Each rank reads its own range of the stream: an example of another world size's epoch (an
+    # elastic position) is not a place in it (the config refuses --elastic with TFRecords).
+    with pytest.raises(ValueError, match="resumes at a step, not at example 5"):
+        epoch_of(dataset, 2, 2, epoch=1, first_step=1, first_example=5)
 
 
 def test_tfrecord_index_is_cached_and_rebuilt_when_a_file_changes(tmp_path):
@@ -149,6 +153,22 @@ def test_folder_ranks_read_what_memory_would(small_folder, world_size, batch):
         assert np.array_equal(np.concatenate([r[step][1] for r in ranks]), y[indices])
     test = np.concatenate([b[0].numpy() for r in range(world_size) for b in dataset.test_batches(world_size, r, 2)])
     assert np.array_equal(test, data.x_test[folder_order(data.y_test)])
+
+
+def test_folder_continues_at_an_example_of_another_world_size(small_folder):
+    """An elastic job that goes from 2 ranks to 3 after 7 examples of epoch 1: the 3 ranks read,
+    step after step, the rest of the epoch's permutation (as in memory), each example once."""
+    root, data = small_folder
+    dataset = open_folder(root, image_size=0, augment="none", seed=3)
+    order = folder_order(data.y_train)
+    y = data.y_train[order]
+    plans = [ShardPlan(len(y), 2, 3, r, seed=3) for r in range(3)]
+    first = plans[0].start_step(0, 7)
+    ranks, _ = epoch_of(dataset, 3, 2, epoch=1, first_step=first, first_example=7)
+    rest = plans[0].permutation(1)[7:]
+    taken = [np.concatenate([r[i][1] for r in ranks]) for i in range(len(ranks[0]))]
+    assert np.array_equal(np.concatenate(taken), y[rest]), "the rest of the epoch, in order, once"
+    assert [len(t) for t in taken] == [plans[0].global_batch_size(s, 7) for s in range(first, plans[0].steps_per_epoch)]
 
 
 def test_folder_errors(tmp_path, small_folder):
