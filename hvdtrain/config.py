@@ -384,7 +384,7 @@ class Config:
         if self.elastic.enabled and self.data.dataset in ("tfrecord", "function"):
             ranged = f"--data {self.data.function}" if self.data.function else "--dataset tfrecord"
             raise HvdtrainError(f"--elastic cannot be combined with {ranged}: each rank reads its own range of the "
-                                f"stream, which a new world size moves; use --dataset folder, idx or npz")
+                                f"stream, which a new world size moves; use --dataset folder, idx, npz or synthetic")
         if self.elastic.enabled and self.optim.backward_passes_per_step > 1:
             raise HvdtrainError(f"--elastic cannot be combined with --backward-passes-per-step "
                                 f"{self.optim.backward_passes_per_step}: a reset would drop half-accumulated "

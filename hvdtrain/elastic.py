@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from typing import Optional
+from typing import Optional, Union
 
 from horovod.common.elastic import ObjectState
 
@@ -38,6 +38,7 @@ from hvdtrain.chief import banner, chief_callbacks
 from hvdtrain.config import Config
 from hvdtrain.data.datasets import Dataset, data_mismatch
 from hvdtrain.data.sharding import ShardPlan
+from hvdtrain.data.stream import StreamingDataset
 from hvdtrain.errors import FoundHere, PeerFailure, RunEnded, is_peer_loss, say
 from hvdtrain.model.zoo import set_dropout_rank
 from hvdtrain.metrics import Objective
@@ -134,7 +135,7 @@ class ElasticJob:
         config: the run's config (``config.elastic.enabled``).
         ctx: this process's context as started; refreshed after each reset.
         dataset, model, optimizer: as the recipe built them (not yet broadcast: the first state
-            sync does that).
+            sync does that); the dataset in memory or an image folder (:mod:`hvdtrain.data.folder`).
         fingerprint: ``dataset.fingerprint()``, checked against rank 0's at every state sync.
         watchdog: the stall watchdog (told of resets, which wait for the driver).
         loss_scale: fp16's :class:`~hvdtrain.precision.DynamicLossScale` (its variables are the
@@ -142,8 +143,8 @@ class ElasticJob:
         objective: the loss and metrics (:class:`~hvdtrain.trainer.Trainer`'s default if None).
     """
 
-    def __init__(self, config: Config, ctx: DistContext, dataset: Dataset, fingerprint: dict, model, optimizer,
-                 watchdog: Watchdog, loss_scale: Optional[DynamicLossScale] = None,
+    def __init__(self, config: Config, ctx: DistContext, dataset: Union[Dataset, StreamingDataset], fingerprint: dict,
+                 model, optimizer, watchdog: Watchdog, loss_scale: Optional[DynamicLossScale] = None,
                  objective: Optional[Objective] = None):
         self.config, self.ctx, self.dataset, self.fingerprint = config, ctx, dataset, fingerprint
         self.model, self.optimizer, self.watchdog, self.loss_scale = model, optimizer, watchdog, loss_scale

@@ -29,7 +29,7 @@ import tensorflow as tf
 
 from hvdtrain.data.sharding import ShardPlan, eval_shard
 from hvdtrain.data.stream import (ImageView, Split, StreamingDataset, check_step_start, local_sizes, rank_range,
-                                  tf_message)
+                                  tf_message, untuned)
 from hvdtrain.errors import HvdtrainError
 from hvdtrain.imports import import_function
 
@@ -126,7 +126,7 @@ def _count_and_labels(data: tf.data.Dataset, need_labels: bool):
                             "the epochs")
     if not need_labels and data.cardinality() >= 0:
         return int(data.cardinality()), None
-    labels = [batch.numpy() for batch in data.map(lambda image, label: label).batch(4096)]
+    labels = [batch.numpy() for batch in untuned(data.map(lambda image, label: label).batch(4096))]
     labels = np.concatenate(labels) if labels else np.zeros(0, np.int32)
     return len(labels), labels
 

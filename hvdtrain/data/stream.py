@@ -80,8 +80,8 @@ class Split:
         ``epoch``, in its order, and its local batch size at each of those steps (the plan's).
 
         Raises:
-            ValueError: for a ``first_example`` past ``first_step``'s first example (an elastic
-                job resumed at another world size) where the split reads whole ranges per rank.
+            ValueError: for a ``first_example`` past ``first_step``'s first example where the
+                split reads one range per rank (:func:`check_step_start`).
         """
         raise NotImplementedError
 
@@ -100,6 +100,21 @@ class Split:
     def origin(self, *element) -> str:
         """Where an element comes from, for an error message (eager)."""
         raise NotImplementedError
+
+
+def untuned(data: tf.data.Dataset, threads: int = 0) -> tf.data.Dataset:
+    """``data`` run by a private pool of ``threads`` threads (0: one per CPU this process may run
+    on), without tf.data's autotuning.
+
+    Closing an iterator waits for the autotuning thread's next wake-up, up to 10 s away once a
+    pipeline has run a while: on TF 2.21 every epoch's end stalled for up to that long. With a
+    rank's cores known there is little to tune; stages given ``AUTOTUNE`` (a data function's) run
+    at tf.data's starting value instead, bounded by the pool.
+    """
+    options = tf.data.Options()
+    options.threading.private_threadpool_size = threads or len(os.sched_getaffinity(0))
+    options.autotune.enabled = False
+    return data.with_options(options)
 
 
 def local_sizes(plan: ShardPlan, rank: int) -> List[int]:
@@ -122,7 +137,9 @@ def rank_range(plan: ShardPlan) -> Tuple[int, int]:
 def check_step_start(plan: ShardPlan, first_step: int, first_example: int) -> None:
     """A split read as one range per rank (:func:`rank_range`) resumes at a step of the plan its
     ranges were cut for: ranks of another world size read other ranges, so an example of their
-    epoch (an elastic job's position) means nothing in it.
+    epoch (an elastic job's position) means nothing in it. This refuses such a position where it
+    falls inside a step; one that falls on a step's start cannot be told from a step of this plan,
+    which is why the config refuses ``--elastic`` with these splits.
 
     Raises:
         ValueError: for a ``first_example`` past ``first_step``'s first example.
@@ -212,14 +229,7 @@ class StreamingDataset:
         data = split.prepare(elements).map(self._decode(split, training, epoch), num_parallel_calls=parallel,
                                            deterministic=True)
         data = data.batch(sizes[0]).rebatch(tf.constant(sizes, tf.int64))  # rebatch cycles through the sizes
-        data = data.map(self._check_labels).prefetch(PREFETCH_BATCHES)
-        options = tf.data.Options()
-        options.threading.private_threadpool_size = parallel
-        # No autotuning: closing an iterator waits for the autotuning thread's next wake-up, up to
-        # 10 s away once a pipeline has run a while (TF 2.21: epochs' ends stalled for that long),
-        # and with the rank's cores known there is little left to tune.
-        options.autotune.enabled = False
-        return data.with_options(options)
+        return untuned(data.map(self._check_labels).prefetch(PREFETCH_BATCHES), parallel)
 
     def train_batches(self, plan: ShardPlan, epoch: int, first_step: int = 0, first_example: int = 0,
                       threads: int = 0) -> Tuple[tf.data.Dataset, List[int]]:

@@ -26,7 +26,7 @@ import tensorflow as tf
 
 from hvdtrain.data.sharding import ShardPlan, eval_shard
 from hvdtrain.data.stream import (ImageView, Split, StreamingDataset, check_step_start, contiguous_segments,
-                                  local_sizes, rank_range, stored_shape, tf_message)
+                                  local_sizes, rank_range, stored_shape, tf_message, untuned)
 from hvdtrain.errors import HvdtrainError
 from hvdtrain.files import replace_file
 
@@ -147,8 +147,8 @@ def scan_file(path: str, image_key: str, label_key: str) -> dict:
     features = _features(image_key, label_key)
     labels = []
     try:
-        batches = tf.data.TFRecordDataset(path).batch(SCAN_BATCH).map(
-            lambda serialized: tf.io.parse_example(serialized, features)[label_key])
+        batches = untuned(tf.data.TFRecordDataset(path).batch(SCAN_BATCH).map(
+            lambda serialized: tf.io.parse_example(serialized, features)[label_key]))
         for batch in batches:
             labels.append(batch.numpy())
     except tf.errors.OpError:

@@ -88,8 +88,11 @@ def test_tfrecord_resume_mid_epoch_continues_the_same_stream(tmp_path):
     resumed, _ = epoch_of(dataset, 2, 2, epoch=1, first_step=2)
     for rank in range(2):
         assert [y.tolist() for _, y in resumed[rank]] == [y.tolist() for _, y in whole[rank][2:]]
-    # Each rank reads its own range of the stream: an example of another world size's epoch (an
-    # elastic position) is not a place in it (the config refuses --elastic with TFRecords).
+    # A --resume's position: the step and its first example (4 examples per global batch).
+    at_step, _ = epoch_of(dataset, 2, 2, epoch=1, first_step=2, first_example=8)
+    assert [[y.tolist() for _, y in r] for r in at_step] == [[y.tolist() for _, y in r] for r in resumed]
+    # Each rank reads its own range of the stream: an example inside a step (an elastic position
+    # of another world size) is refused (the config refuses --elastic with TFRecords).
     with pytest.raises(ValueError, match="resumes at a step, not at example 5"):
         epoch_of(dataset, 2, 2, epoch=1, first_step=1, first_example=5)
 
