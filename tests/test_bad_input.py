@@ -286,8 +286,7 @@ def test_bad_input(tmp_path, tmp_path_factory, make_args, message, request):
     entry = [] if args[0] == "-m" else ["-m", "hvdtrain"]  # a case may run hvdtrain through a test worker
     exits = tmp_path_factory.mktemp("exit-status")
     argv = recording_exit_status([*entry, *args, "--threads", "1", "--no-progress"], exits)
-    proc = subprocess.run(launch(2, argv), env=rank_env(),
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(launch(2, argv), env=rank_env(), capture_output=True, text=True, timeout=120)
     seconds = time.monotonic() - start
     output = proc.stdout + proc.stderr
     assert proc.returncode != 0, output[-3000:]

@@ -28,8 +28,8 @@ import numpy as np
 import tensorflow as tf
 
 from hvdtrain.data.sharding import ShardPlan, eval_shard
-from hvdtrain.data.stream import (ImageView, Split, StreamingDataset, check_step_start, local_sizes, rank_range,
-                                  tf_message, untuned)
+from hvdtrain.data.stream import (ImageView, Split, StreamingDataset, local_sizes, rank_range, tf_message,
+                                  untuned)
 from hvdtrain.errors import HvdtrainError
 from hvdtrain.imports import import_function
 
@@ -75,8 +75,7 @@ class FunctionSplit(Split):
             lambda example, key: (*example, key))
 
     def rank_elements(self, plan: ShardPlan, epoch: int, first_step: int, first_example: int = 0):
-        check_step_start(plan, first_step, first_example)
-        first, count = rank_range(plan)
+        first, count = rank_range(plan, first_step, first_example)
         sizes = local_sizes(plan, plan.rank)
         done = sum(sizes[:first_step])
         return self._positioned(self.call(epoch), first + done, count - done), sizes[first_step:]

@@ -81,7 +81,7 @@ class Split:
 
         Raises:
             ValueError: for a ``first_example`` past ``first_step``'s first example where the
-                split reads one range per rank (:func:`check_step_start`).
+                split reads one range per rank (:func:`rank_range`).
         """
         raise NotImplementedError
 
@@ -102,6 +102,11 @@ class Split:
         raise NotImplementedError
 
 
+def rank_threads(threads: int = 0) -> int:
+    """``threads``, or where 0, one per CPU this process may run on."""
+    return threads or len(os.sched_getaffinity(0))
+
+
 def untuned(data: tf.data.Dataset, threads: int = 0) -> tf.data.Dataset:
     """``data`` run by a private pool of ``threads`` threads (0: one per CPU this process may run
     on), without tf.data's autotuning.
@@ -112,7 +117,7 @@ def untuned(data: tf.data.Dataset, threads: int = 0) -> tf.data.Dataset:
     at tf.data's starting value instead, bounded by the pool.
     """
     options = tf.data.Options()
-    options.threading.private_threadpool_size = threads or len(os.sched_getaffinity(0))
+    options.threading.private_threadpool_size = rank_threads(threads)
     options.autotune.enabled = False
     return data.with_options(options)
 
@@ -126,20 +131,16 @@ def local_sizes(plan: ShardPlan, rank: int) -> List[int]:
     return sizes
 
 
-def rank_range(plan: ShardPlan) -> Tuple[int, int]:
+def rank_range(plan: ShardPlan, first_step: int = 0, first_example: int = 0) -> Tuple[int, int]:
     """``(first, count)``: the contiguous range of an epoch's stream of ``plan.num_examples`` that
     this rank reads, when whole ranges are the unit: ranks in order, each as many examples as
-    the plan's local batches add up to."""
-    counts = [sum(local_sizes(plan, r)) for r in range(plan.world_size)]
-    return sum(counts[:plan.rank]), counts[plan.rank]
+    the plan's local batches add up to.
 
-
-def check_step_start(plan: ShardPlan, first_step: int, first_example: int) -> None:
-    """A split read as one range per rank (:func:`rank_range`) resumes at a step of the plan its
-    ranges were cut for: ranks of another world size read other ranges, so an example of their
-    epoch (an elastic job's position) means nothing in it. This refuses such a position where it
-    falls inside a step; one that falls on a step's start cannot be told from a step of this plan,
-    which is why the config refuses ``--elastic`` with these splits.
+    Such a split resumes at a step of the plan its ranges were cut for (``first_step``): ranks of
+    another world size read other ranges, so an example of their epoch (an elastic job's position,
+    ``first_example``) means nothing in it. A position inside a step is refused here; one on a
+    step's start cannot be told from a step of this plan, which is why the config refuses
+    ``--elastic`` with these splits.
 
     Raises:
         ValueError: for a ``first_example`` past ``first_step``'s first example.
@@ -147,6 +148,8 @@ def check_step_start(plan: ShardPlan, first_step: int, first_example: int) -> No
     if first_example > plan.examples_before(first_step):
         raise ValueError(f"a split read as one range per rank resumes at a step, not at example {first_example} "
                          f"of the epoch (step {first_step} begins at {plan.examples_before(first_step)})")
+    counts = [sum(local_sizes(plan, r)) for r in range(plan.world_size)]
+    return sum(counts[:plan.rank]), counts[plan.rank]
 
 
 class StreamingDataset:
@@ -225,7 +228,7 @@ class StreamingDataset:
                   sizes: Sequence[int], threads: int) -> tf.data.Dataset:
         """Decode in parallel, in order, then cut batches of ``sizes`` (the last may differ)."""
         # One decoding thread per core of the rank: more would take the cores from the step.
-        parallel = threads or len(os.sched_getaffinity(0))
+        parallel = rank_threads(threads)
         data = split.prepare(elements).map(self._decode(split, training, epoch), num_parallel_calls=parallel,
                                            deterministic=True)
         data = data.batch(sizes[0]).rebatch(tf.constant(sizes, tf.int64))  # rebatch cycles through the sizes

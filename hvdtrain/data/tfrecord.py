@@ -25,8 +25,8 @@ import numpy as np
 import tensorflow as tf
 
 from hvdtrain.data.sharding import ShardPlan, eval_shard
-from hvdtrain.data.stream import (ImageView, Split, StreamingDataset, check_step_start, contiguous_segments,
-                                  local_sizes, rank_range, stored_shape, tf_message, untuned)
+from hvdtrain.data.stream import (ImageView, Split, StreamingDataset, contiguous_segments, local_sizes, rank_range,
+                                  stored_shape, tf_message, untuned)
 from hvdtrain.errors import HvdtrainError
 from hvdtrain.files import replace_file
 
@@ -83,8 +83,7 @@ class TFRecordSplit(Split):
         return np.random.default_rng([self.seed, epoch, 0x7F]).permutation(len(self.files))
 
     def rank_elements(self, plan: ShardPlan, epoch: int, first_step: int, first_example: int = 0):
-        check_step_start(plan, first_step, first_example)
-        first, count = rank_range(plan)
+        first, count = rank_range(plan, first_step, first_example)
         records = self._read(contiguous_segments(self.counts, self.file_order(epoch), first, count), parallel=4)
         if plan.shuffle:
             seed = int(np.random.SeedSequence([self.seed, epoch, plan.rank]).generate_state(1)[0])
