@@ -11,20 +11,23 @@ import os
 # * tf.keras must be Keras 2 (the tf_keras package) on TensorFlow >= 2.16, whose default Keras 3
 #   variables and optimizers Horovod's DistributedOptimizer does not handle (hvdtrain.compat).
 # * TensorFlow's INFO banners (oneDNN, cpu_feature_guard), printed by every rank, hide hvdtrain's lines.
+# (Where the user's script touched tf.keras before importing hvdtrain, tf.keras is already Keras 3:
+# hvdtrain.compat says so when a model or optimizer meets it.)
 if importlib.util.find_spec("tf_keras") is not None:
     os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
 
 __version__ = "0.1.0"
 
-__all__ = ["fit", "FitResult", "Config", "Callback", "SyncBatchNormalization", "Trainer", "ShardPlan",
-           "init_distributed", "HvdtrainError", "__version__"]
+__all__ = ["fit", "FitResult", "Config", "Callback", "SyncBatchNormalization", "convert_sync_batchnorm", "load_model",
+           "Trainer", "ShardPlan", "init_distributed", "HvdtrainError", "__version__"]
 
 from hvdtrain.errors import HvdtrainError  # noqa: E402
 
 # name -> module: loaded on first use (hvdtrain.api and the model import TensorFlow, or YAML).
 _LAZY = {"fit": "hvdtrain.api", "FitResult": "hvdtrain.api", "Config": "hvdtrain.config",
          "Callback": "hvdtrain.callbacks", "SyncBatchNormalization": "hvdtrain.model.sync_bn",
+         "convert_sync_batchnorm": "hvdtrain.model.convert", "load_model": "hvdtrain.outputs",
          # Your own loop: the distributed context, each rank's shard of each global batch, the trainer.
          "init_distributed": "hvdtrain.runtime.dist", "ShardPlan": "hvdtrain.data.sharding",
          "Trainer": "hvdtrain.trainer"}

@@ -22,6 +22,7 @@ from hvdtrain.config import Config
 from hvdtrain.config_file import config_from_flat, flatten, read_config_file
 from hvdtrain.data.datasets import Dataset, validate
 from hvdtrain.errors import Ending, HvdtrainError, PeerFailure, RunEnded
+from hvdtrain.imports import name_of
 from hvdtrain.runtime.signals import install_stop_handlers
 
 
@@ -45,8 +46,8 @@ class FitResult:
 
 
 def fit(model_fn: Union[str, Callable], data=None, *, loss=None, metrics: Optional[Sequence] = None,
-        optimizer=None, config: Union[Config, dict, str, None] = None, callbacks: Sequence[cbs.Callback] = (),
-        **settings) -> FitResult:
+        optimizer=None, config: Union[Config, dict, str, None] = None, callbacks: Sequence = (),
+        convert_sync_bn: bool = False, **settings) -> FitResult:
     """Train the model of ``model_fn`` on ``data`` with data-parallel ranks; every rank of the job
     calls it alike.
 
@@ -55,10 +56,14 @@ def fit(model_fn: Union[str, Callable], data=None, *, loss=None, metrics: Option
             ``model_fn(input_shape=(H, W, C), num_classes=K)`` returning an uncompiled
             ``tf.keras.Model`` (use :class:`hvdtrain.SyncBatchNormalization` for synchronized batch
             statistics); its outputs must fit the labels (checked first).
-        data: in memory, the same on every rank: a :class:`~hvdtrain.data.datasets.Dataset` or
-            ``(x_train, y_train, x_test, y_test)`` numpy arrays: images ``(n, H, W[, C])`` uint8
-            (pixels 0-255) or float, labels ``(n, ...)`` (int class indices, per image or per
-            pixel; or float targets). None: the config's ``data`` section (files, streams).
+        data: the same on every rank. In memory: ``(x_train, y_train, x_test, y_test)`` numpy
+            arrays -- images ``(n, H, W[, C])`` uint8 (pixels 0-255) or float, labels ``(n, ...)``
+            (int class indices, per image or per pixel; or float targets) -- or a
+            :class:`~hvdtrain.data.datasets.Dataset`. Streamed: ``(train, test)``, two
+            ``tf.data.Dataset`` of unbatched ``(image, label)`` pairs (class labels), which each
+            epoch shuffles alike on every rank (``data={"shuffle_buffer": N}``) and shards exactly;
+            or a data function ``fn(split, rank, world_size, seed, epoch) -> tf.data.Dataset``
+            (:mod:`hvdtrain.data.function`). None: the config's ``data`` section (files, streams).
         loss: ``sparse_categorical_crossentropy``, ``binary_crossentropy``, ``mse``, a
             ``tf.keras.losses.Loss`` or a callable ``(labels, outputs) -> (b, ...)`` losses per
             example or element (:func:`hvdtrain.losses.get_loss`); None: the config's.
@@ -71,8 +76,13 @@ def fit(model_fn: Union[str, Callable], data=None, *, loss=None, metrics: Option
             way Horovod averages the gradients by allreduce before the update. None: the config's.
         config: a :class:`~hvdtrain.config.Config`, a mapping of its settings as a run file nests
             them (``{"optim": {"base_lr": 0.1}}``), or a run file's path (YAML); None: defaults.
-        callbacks: :class:`~hvdtrain.callbacks.Callback` objects; those with ``chief_only``
-            run on rank 0 only.
+        callbacks: :class:`~hvdtrain.callbacks.Callback` objects (those with ``chief_only`` run
+            on rank 0 only), and ``tf.keras.callbacks`` ones -- ``EarlyStopping``,
+            ``ReduceLROnPlateau``, ``ModelCheckpoint``, ``CSVLogger``, ``TerminateOnNaN``,
+            ``LambdaCallback``, ``LearningRateScheduler``, your own -- which see the global metrics
+            under Keras' names (:mod:`hvdtrain.keras_callbacks`).
+        convert_sync_bn: replace the model's Keras ``BatchNormalization`` layers by synchronized
+            ones (:func:`hvdtrain.convert_sync_batchnorm`).
         **settings: settings over ``config``, as its mapping names them (``epochs=5``,
             ``batch_size=64``, ``optim={"base_lr": 0.1}``, ``model={"sync_bn": False}``).
 
@@ -102,20 +112,32 @@ def fit(model_fn: Union[str, Callable], data=None, *, loss=None, metrics: Option
         task["metrics"], metrics = ",".join(metrics), None
     if isinstance(optimizer, str):
         settings["optim"], optimizer = {**settings.get("optim", {}), "name": optimizer}, None
+    if convert_sync_bn:
+        model_settings["convert_sync_bn"] = True
+    from hvdtrain.compat import require_keras2  # imports TensorFlow
+
+    require_keras2(optimizer=optimizer)  # first: a tf.keras that is Keras 3 would fail deep inside
+    data_function = streamed_data(data)
+    if data_function is not None:  # recorded in the run's config.yaml by the function's name
+        settings["data"] = {**settings.get("data", {}), "dataset": "function", "function": data_function[2]}
     run_config = resolve_config(config, {**settings, **({"model": model_settings} if model_settings else {}),
                                          **({"task": task} if task else {})})
-    from hvdtrain.losses import get_loss  # imports TensorFlow
+    from hvdtrain.losses import get_loss
     from hvdtrain.recipe import Parts, run
 
     # Arrays are read as the loss takes its labels (class indices or targets).
     labels = get_loss(run_config.task.loss if loss is None else loss, run_config.task.label_smoothing).labels
-    dataset = as_dataset(data, labels)
+    dataset = None if data_function is not None else as_dataset(data, labels)
+    if data_function is not None and data_function[0] is None:  # (train, test) datasets
+        from hvdtrain.data.function import datasets_function
+
+        data_function = (datasets_function(*data, run_config.data.shuffle_buffer), *data_function[1:])
     if threading.current_thread() is threading.main_thread():  # Python's rule for signal handlers
         install_stop_handlers()  # a launcher's Ctrl-C (SIGTERM) stops every rank cleanly
 
     history = cbs.History()
     parts = Parts(model=model_fn, dataset=dataset, loss=loss, metrics=metrics, callbacks=[*callbacks, history],
-                  optimizer=optimizer)
+                  optimizer=optimizer, data_function=data_function[:2] if data_function else None)
     try:
         outcome = run(run_config, parts)
     except RunEnded as ended:
@@ -141,6 +163,27 @@ def resolve_config(config: Union[Config, dict, str, None], settings: dict) -> Co
     return config_from_flat({**flat, **flatten(settings, "hvdtrain.fit(...)")})
 
 
+def streamed_data(data) -> Optional[tuple]:
+    """For ``data`` that :func:`fit` streams: ``(function, what messages call it, its name in the
+    run's config)``, the function None for ``(train, test)`` datasets (made with the run's
+    shuffle buffer); None for anything else.
+
+    Raises:
+        HvdtrainError: for one ``tf.data.Dataset`` alone (a training set needs its test set).
+    """
+    import tensorflow as tf
+
+    if isinstance(data, tf.data.Dataset):
+        raise HvdtrainError("hvdtrain.fit(data=...) got one tf.data.Dataset; pass (train, test): two datasets of "
+                            "unbatched (image, label) pairs")
+    if isinstance(data, (tuple, list)) and len(data) == 2 and any(isinstance(d, tf.data.Dataset) for d in data):
+        return None, "hvdtrain.fit(data=(train, test))", "tf.data:(train, test)"
+    if callable(data) and not isinstance(data, Dataset):
+        name = f"{getattr(data, '__module__', None) or 'data'}:{getattr(data, '__qualname__', type(data).__name__)}"
+        return data, f"hvdtrain.fit(data={name_of(data)})", name
+    return None
+
+
 def as_dataset(data, labels: Optional[str]) -> Optional[Dataset]:
     """``data`` as a validated :class:`Dataset` of ``labels`` (``"classes"``, ``"targets"`` or None:
     by their dtype); None stays None (the config's data).
@@ -151,8 +194,9 @@ def as_dataset(data, labels: Optional[str]) -> Optional[Dataset]:
     if data is None or isinstance(data, Dataset):
         return data
     if not isinstance(data, (tuple, list)) or len(data) != 4:
-        raise HvdtrainError(f"hvdtrain.fit(data=...) takes a Dataset or (x_train, y_train, x_test, y_test) arrays, got "
-                            f"{type(data).__name__}" + (f" of {len(data)}" if isinstance(data, (tuple, list)) else ""))
+        raise HvdtrainError(f"hvdtrain.fit(data=...) takes (x_train, y_train, x_test, y_test) arrays, (train, test) "
+                            f"tf.data datasets, a data function or an hvdtrain Dataset, got {type(data).__name__}"
+                            + (f" of {len(data)}" if isinstance(data, (tuple, list)) else ""))
     import numpy as np
 
     x_train, y_train, x_test, y_test = (np.asarray(array) for array in data)

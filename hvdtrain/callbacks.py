@@ -19,9 +19,15 @@ from hvdtrain.state import TrainPosition
 
 
 class Callback:
-    """Hooks called by :class:`hvdtrain.trainer.Trainer`. All metrics are already global (exact over ranks)."""
+    """Hooks called by :class:`hvdtrain.trainer.Trainer`. All metrics are already global (exact over ranks).
+
+    ``epoch`` and ``step`` are 0-based, as in Keras (the console's "epoch 3/12" is ``epoch == 2``).
+    Set ``stop_training = True`` (on any rank) in :meth:`on_epoch_end` to stop every rank after
+    that epoch, as Keras' ``model.stop_training``.
+    """
 
     chief_only = True
+    stop_training = False
 
     def on_train_begin(self, start_epoch: int, epochs: int) -> None: ...
 

@@ -8,6 +8,7 @@ from hvdtrain.checkpoint import CheckpointManager
 from hvdtrain.config import CLASSES, Config, OptimConfig
 from hvdtrain.data.sharding import ShardPlan
 from hvdtrain.model.zoo import BUILTIN_MODELS
+from hvdtrain.outputs import Curves
 from hvdtrain.runtime.dist import DistContext
 from hvdtrain.state import TrainPosition
 
@@ -31,7 +32,7 @@ def labels_summary(dataset) -> str:
 
 def chief_callbacks(config: Config, run_dir: str, manager: CheckpointManager, plan: ShardPlan, optimizer,
                     meta: dict) -> List[cbs.Callback]:
-    """Rank 0's side effects: progress bar, epoch lines, metrics.jsonl, TensorBoard, checkpoints.
+    """Rank 0's side effects: progress bar, epoch lines, metrics.jsonl, curves.png, TensorBoard, checkpoints.
 
     Args:
         meta: what every checkpoint records besides its position (:func:`hvdtrain.rundir.checkpoint_meta`).
@@ -39,6 +40,7 @@ def chief_callbacks(config: Config, run_dir: str, manager: CheckpointManager, pl
     return ([cbs.ProgressBar()] if config.log.progress else []) + [
         cbs.EpochLine(config.epochs),
         cbs.JsonlMetrics(run_dir),
+        Curves(run_dir),
         cbs.TensorBoard(run_dir, plan.steps_per_epoch, restart_markers=not config.elastic.enabled),
         cbs.Checkpointer(manager, meta, optimizer.iterations, every_steps=config.checkpoint.every_steps),
     ]

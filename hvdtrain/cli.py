@@ -134,6 +134,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--no-sync-bn", action="store_true",
                    help="built-in models: per-rank BatchNorm instead of synchronized BatchNorm (refused with a "
                         "model function, which chooses its own layers)")
+    g.add_argument("--convert-sync-bn", action="store_true",
+                   help="a --model function's Keras BatchNormalization layers become synchronized BatchNorm "
+                        "(hvdtrain.convert_sync_batchnorm: same configuration and weights)")
 
     g = p.add_argument_group("output and checkpoints")
     g.add_argument("--log-dir", default=None,
@@ -185,7 +188,7 @@ FLAG_SETTINGS = {
     "eval_batch_size": "data.eval_batch_size", "image_size": "data.image_size", "augment": "data.augment",
     "num_classes": "data.num_classes", "tfrecord_image_key": "data.tfrecord_image_key",
     "tfrecord_label_key": "data.tfrecord_label_key", "shuffle_buffer": "data.shuffle_buffer",
-    "model": "model.name", "no_sync_bn": "!model.sync_bn",
+    "model": "model.name", "no_sync_bn": "!model.sync_bn", "convert_sync_bn": "model.convert_sync_bn",
     "loss": "task.loss", "label_smoothing": "task.label_smoothing", "metrics": "task.metrics",
     "log_dir": "log.dir", "log_every": "log.log_every", "no_progress": "!log.progress",
     "checkpoint_dir": "checkpoint.dir", "resume": "checkpoint.resume", "keep_checkpoints": "checkpoint.keep",

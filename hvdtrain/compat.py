@@ -8,6 +8,8 @@ unaveraged, each rank training its own model (horovod/horovod#4040), so it is re
 """
 from __future__ import annotations
 
+import importlib.util
+
 from hvdtrain.errors import HvdtrainError
 
 _KERAS2_HINT = ("hvdtrain trains tf.keras models (Keras 2): build it with tf.keras (with TF_USE_LEGACY_KERAS=1 and "
@@ -35,8 +37,12 @@ def require_keras2(model=None, optimizer=None) -> None:
     import tensorflow as tf
 
     if _is_keras3(tf.keras.layers.Layer):
-        raise HvdtrainError(f"tf.keras is Keras 3 here (TensorFlow {tf.__version__}): install tf-keras=={tf.__version__} "
-                            f"and set TF_USE_LEGACY_KERAS=1 before TensorFlow is imported; " + _KERAS2_HINT)
+        if importlib.util.find_spec("tf_keras") is None:
+            fix = f"install tf-keras=={tf.__version__} (scripts/setup.sh does) and import hvdtrain first"
+        else:  # tf.keras chose its Keras at its first use, before `import hvdtrain` set TF_USE_LEGACY_KERAS
+            fix = ("tf.keras was first used before `import hvdtrain`, which selects Keras 2 (tf_keras): import "
+                   "hvdtrain before using tf.keras, or export TF_USE_LEGACY_KERAS=1")
+        raise HvdtrainError(f"tf.keras is Keras 3 here (TensorFlow {tf.__version__}): {fix}; " + _KERAS2_HINT)
     for what, obj in (("model", model), ("optimizer", optimizer)):
         if obj is not None and _is_keras3(obj):
             raise HvdtrainError(f"the {what} ({type(obj).__module__}.{type(obj).__name__}) is a Keras 3 object; "

@@ -2,6 +2,9 @@
 from __future__ import annotations
 
 import importlib
+import importlib.util
+import os
+import sys
 from typing import Callable
 
 from hvdtrain.errors import HvdtrainError
@@ -18,13 +21,28 @@ def import_function(spec: str, flag: str) -> Callable:
     if not module_name or not fn_name:
         raise HvdtrainError(f"{flag} {spec!r}: expected 'package.module:function'")
     try:
-        module = importlib.import_module(module_name)
+        module = _running_script(module_name) or importlib.import_module(module_name)
     except (Exception, SystemExit) as e:  # noqa: BLE001 -- not found, or the user's module fails while importing
         raise HvdtrainError(f"{flag} {spec!r}: cannot import module {module_name!r} ({type(e).__name__}: {e})") from None
     fn = getattr(module, fn_name, None)
     if not callable(fn):
         raise HvdtrainError(f"{flag} {spec!r}: module {module_name!r} has no function {fn_name!r}")
     return fn
+
+
+def _running_script(module_name: str):
+    """The ``__main__`` module if ``module_name`` is the script being run (``python train.py``
+    naming ``train:make_data``): importing it again would run the script's training a second time."""
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    if not path or module_name in sys.modules:
+        return None
+    try:
+        found = importlib.util.find_spec(module_name)
+    except (ImportError, ValueError):
+        return None
+    origin = getattr(found, "origin", None)
+    return main if origin and os.path.exists(origin) and os.path.samefile(origin, path) else None
 
 
 def name_of(spec) -> str:

@@ -23,9 +23,11 @@ from hvdtrain.errors import (Ending, EveryRankError, FoundHere, HvdtrainError, P
                              is_peer_loss, say)
 from hvdtrain.model import sync_bn_kernels
 from hvdtrain.model.sync_bn import SyncBatchNormalization
+from hvdtrain.keras_callbacks import KerasCallbacks, is_keras_callback
 from hvdtrain.losses import get_loss
 from hvdtrain.model.zoo import build_model
 from hvdtrain.optim import build_optimizer, users_optimizer
+from hvdtrain.outputs import save_trained_model
 from hvdtrain.precision import DynamicLossScale, set_precision
 from hvdtrain.rundir import (checkpoint_dir, checkpoint_meta, default_run_dir, open_run_dir,
                              restore_for_resume, write_run_config)
@@ -45,15 +47,19 @@ class Parts:
         model: a built-in model's name or a function ``(input_shape=, num_classes=)`` -> model
             (:func:`hvdtrain.model.zoo.build_model`); None: ``config.model.name``.
         dataset: an in-memory :class:`~hvdtrain.data.datasets.Dataset`; None: ``config.data``.
+        data_function: ``(function, what messages call it)``: a data function (or one made of
+            ``tf.data`` datasets) for ``config.data`` of ``dataset: function``, used as it is.
         loss: a name, a Keras loss or a callable (:func:`hvdtrain.losses.get_loss`); None: ``config.task.loss``.
         metrics: names, :class:`~hvdtrain.metrics.Metric` objects or callables; None: ``config.task.metrics``.
-        callbacks: more :class:`~hvdtrain.callbacks.Callback` objects (chief-only ones run on rank 0 only).
+        callbacks: more :class:`~hvdtrain.callbacks.Callback` objects (chief-only ones run on rank 0
+            only) and ``tf.keras`` callbacks (:mod:`hvdtrain.keras_callbacks`).
         optimizer: a Keras 2 optimizer of the caller's, its learning rate (or schedule) used as it
             is; None: ``config.optim``'s, on hvdtrain's warmup schedule scaled by world size.
     """
 
     model: Optional[Union[str, Callable]] = None
     dataset: Optional[Dataset] = None
+    data_function: Optional[tuple] = None
     loss: Optional[Union[str, Callable]] = None
     metrics: Optional[Sequence] = None
     callbacks: Sequence[cbs.Callback] = ()
@@ -61,8 +67,7 @@ class Parts:
 
 
 class Outcome(NamedTuple):
-    """A finished run: its final metrics (the last epoch's, or with nothing to train the test
-    set's) and the trained model (alike on every rank)."""
+    """A finished run: its final metrics (the last epoch's, or the test set's) and the trained model."""
 
     metrics: dict
     model: tf.keras.Model
@@ -109,7 +114,8 @@ def run(config: Config, parts: Parts = Parts()) -> Outcome:
         #    read as the loss takes them; the plan gives each rank a disjoint shard per epoch and
         #    the same number of steps.
         loss = get_loss(config.task.loss if parts.loss is None else parts.loss, config.task.label_smoothing)
-        dataset = parts.dataset or open_dataset(ctx, config.data, config.seed, watchdog, loss.labels)
+        dataset = parts.dataset or open_dataset(ctx, config.data, config.seed, watchdog, loss.labels,
+                                                parts.data_function)
         metrics = config.task.metric_names if parts.metrics is None else parts.metrics
         objective = ctx.guarded("choosing the metrics", lambda: build_objective(loss, metrics, dataset))
         # The shard plan assumes every rank holds the same examples (same steps per rank,
@@ -131,7 +137,8 @@ def run(config: Config, parts: Parts = Parts()) -> Outcome:
         with tf.device(ctx.device):
             model = ctx.guarded("building the model", lambda: build_model(
                 parts.model or config.model.name, dataset.input_shape, dataset.num_classes, sync_bn=config.model.sync_bn,
-                seed=config.seed, rank=ctx.rank, **expected_outputs(loss, dataset)))
+                seed=config.seed, rank=ctx.rank, convert_sync_bn=config.model.convert_sync_bn, world_size=ctx.size,
+                **expected_outputs(loss, dataset)))
             ctx.guarded("checking the loss and metrics", lambda: check_objective(objective, model, dataset))
 
             # 4. Optimizer: learning rate scaled by world size with warmup (a caller's own optimizer
@@ -179,7 +186,11 @@ def run(config: Config, parts: Parts = Parts()) -> Outcome:
             say(banner(ctx, config, dataset, plan, schedule, model, run_dir, ckpt_dir, start, objective,
                        model_label(parts.model or config.model.name)))
             callbacks = chief_callbacks(config, run_dir, manager, plan, optimizer, meta)
-        callbacks += [cb for cb in parts.callbacks if ctx.is_chief or not cb.chief_only]
+        callbacks += [cb for cb in parts.callbacks if not is_keras_callback(cb) and (ctx.is_chief or not cb.chief_only)]
+        keras_callbacks = [cb for cb in parts.callbacks if is_keras_callback(cb)]
+        if keras_callbacks:  # on every rank: they see the global metrics and decide alike (chief-only ones inside)
+            callbacks.append(ctx.guarded("setting up the Keras callbacks", lambda: KerasCallbacks(
+                keras_callbacks, model, optimizer, ctx.is_chief, config.epochs, plan.steps_per_epoch)))
 
         # 8. Train: the same steps on every rank.
         watchdog.beat("the first training step")
@@ -188,8 +199,12 @@ def run(config: Config, parts: Parts = Parts()) -> Outcome:
                           backward_passes_per_step=passes, loss_scale=loss_scale, xla=config.compute.xla,
                           objective=objective)
         metrics = trainer.fit(start, config.epochs, save_every=(config.checkpoint.every_steps,))
+        if ctx.is_chief and trainer.stopped_after:
+            say(f"hvdtrain: a callback stopped training after epoch {trainer.stopped_after} of {config.epochs}")
         if ctx.is_chief and "train_loss" not in metrics:
             say(split_text(metrics, "test"))
+        elif ctx.is_chief:  # the trained model, for tf.keras.models.load_model
+            save_trained_model(model, run_dir)
         return Outcome(metrics, model)
     except BaseException as e:  # noqa: BLE001 -- every way a run can end is classified, once
         # From here on, while this rank reports how it ends, SIGTERM is only recorded.

@@ -2,7 +2,8 @@
 metrics, and hooks for saving.
 
 :class:`Trainer` knows nothing of run directories or elastic jobs: what happens at a save point
-(a checkpoint, an elastic commit) is a callback's (:mod:`hvdtrain.callbacks`).
+(a checkpoint, an elastic commit) is a callback's (:mod:`hvdtrain.callbacks`). One module over 400
+lines: the loop, its exact metrics and its divergence checks change together.
 """
 from __future__ import annotations
 
@@ -120,6 +121,7 @@ class Trainer:
         self.eval_step = self._make_eval_step()
         self.count_non_finite = self._make_count_non_finite()
         self._moving_statistics = per_rank_moving_statistics(model)
+        self.stopped_after: Optional[int] = None  # the (1-based) epoch a callback stopped training after
         # Non-finite values the model starts with (a -inf mask, say) are its own, not a divergence.
         self._non_finite_at_start = int(self.count_non_finite())
 
@@ -225,15 +227,12 @@ class Trainer:
         floating-point variables beyond those it started with, and of per-rank BatchNorm's moving
         statistics, which every rank then replaces by their mean over the ranks.
 
-        The loss checks cannot see the last update before a save (its loss was computed before
-        it), so the variables are counted too, on every rank (they may differ between ranks), and
-        the counts are summed, so that every rank finds a NaN alike. Averaging the per-rank
-        statistics (:func:`per_rank_moving_statistics`, as timm's ``distribute_bn`` does) makes the
-        model every rank evaluates the one rank 0 saves, and a resumed run the same as one never
-        stopped. The moving variances are averaged, not pooled with the spread of the ranks'
-        moving means: each rank's estimates the variance within a local batch, which is what
-        training normalized with, and with globally shuffled data the means differ by sampling
-        noise only.
+        The loss checks cannot see the last update before a save, so the variables are counted
+        too, and the counts summed, so that every rank finds a NaN alike. Averaging the per-rank
+        statistics (:func:`per_rank_moving_statistics`, as timm's ``distribute_bn``) makes the model
+        every rank evaluates the one rank 0 saves. The moving variances are averaged, not pooled
+        with the spread of the ranks' means: each estimates the variance within a local batch,
+        which is what training normalized with.
 
         Returns:
             ``(sums, non_finite)``: the global sums (float64 array) and the global count (int).
@@ -313,6 +312,11 @@ class Trainer:
         for cb in others:
             cb.after_agreement()
 
+    def _stop_requested(self, epoch: int) -> bool:
+        """Whether a callback on any rank set ``stop_training`` (one small allreduce: every rank stops alike)."""
+        local = any(getattr(cb, "stop_training", False) for cb in self.callbacks)
+        return bool(self.ctx.allreduce_sum([float(local)], name=f"hvdtrain.stop_training.{epoch}")[0] > 0)
+
     # ---- the loop -------------------------------------------------------------------------------
     def fit(self, start: TrainPosition, epochs: int, save_every: Sequence[int] = ()) -> dict:
         """Train from ``start`` to the end of epoch ``epochs - 1``.
@@ -391,6 +395,9 @@ class Trainer:
                                skipped_steps=int(self.loss_scale.skipped_steps.numpy()))
             self._write_hook("on_epoch_end", epoch, metrics)
             self.watchdog.beat(f"the end of epoch {epoch + 1}")
+            if epoch + 1 < epochs and self._stop_requested(epoch):
+                self.stopped_after = epoch + 1
+                break
         if not metrics:  # nothing left to train (epochs reached): report the test metrics
             test = self.evaluate()
             metrics = {**prefixed("test", test), "world_size": self.ctx.size}

@@ -3,6 +3,8 @@ import json
 import os
 import subprocess
 
+os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")  # as in the ranks' environment (tests.ranks.rank_env)
+
 import numpy as np
 import pytest
 

@@ -304,3 +304,9 @@ def cnn_keras_bn(input_shape, num_classes):
     x = tf.keras.layers.ReLU()(tf.keras.layers.BatchNormalization()(x))
     x = tf.keras.layers.Flatten()(tf.keras.layers.MaxPool2D()(x))
     return tf.keras.Model(inputs, tf.keras.layers.Dense(num_classes)(x), name="test_cnn_keras_bn")
+
+
+def mobilenet_v2(input_shape, num_classes):
+    """Keras' own MobileNetV2 (alpha 0.35, 32x32x3, no weights, logits): 52 Keras BatchNormalization layers."""
+    return tf.keras.applications.MobileNetV2(input_shape=tuple(input_shape), alpha=0.35, weights=None,
+                                             classes=num_classes, classifier_activation=None)

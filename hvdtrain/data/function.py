@@ -22,7 +22,7 @@ it; the class count is ``--num-classes`` or, if 0, one pass over the training la
 from __future__ import annotations
 
 import hashlib
-from typing import Callable
+from typing import Callable, Optional, Union
 
 import numpy as np
 import tensorflow as tf
@@ -31,7 +31,7 @@ from hvdtrain.data.sharding import ShardPlan, eval_shard
 from hvdtrain.data.stream import (ImageView, Split, StreamingDataset, local_sizes, rank_range, tf_message,
                                   untuned)
 from hvdtrain.errors import HvdtrainError
-from hvdtrain.imports import import_function
+from hvdtrain.imports import import_function, name_of
 
 
 class FunctionSplit(Split):
@@ -39,7 +39,7 @@ class FunctionSplit(Split):
 
     Args:
         fn: the user's function.
-        spec: its ``package.module:function``, for messages.
+        where: what messages call it: ``--data package.module:function``, or how it was given.
         split: ``"train"`` or ``"test"``.
         rank, world_size, seed: passed on to it.
         num_examples: the split's size.
@@ -48,9 +48,9 @@ class FunctionSplit(Split):
 
     decodes = False
 
-    def __init__(self, fn: Callable, spec: str, split: str, rank: int, world_size: int, seed: int,
+    def __init__(self, fn: Callable, where: str, split: str, rank: int, world_size: int, seed: int,
                  num_examples: int, image_dtype: tf.DType):
-        self.fn, self.spec, self.split = fn, spec, split
+        self.fn, self.where, self.split = fn, where, split
         self.rank, self.world_size, self.seed = rank, world_size, seed
         self.num_examples, self.image_dtype = num_examples, image_dtype
 
@@ -64,9 +64,9 @@ class FunctionSplit(Split):
         try:
             data = self.fn(split=self.split, rank=self.rank, world_size=self.world_size, seed=self.seed, epoch=epoch)
         except Exception as e:  # noqa: BLE001 -- the user's code: any error becomes one clear message
-            raise HvdtrainError(f"--data {self.spec}: the function raised {type(e).__name__}: {e} "
+            raise HvdtrainError(f"{self.where}: the function raised {type(e).__name__}: {e} "
                                 f"(split {self.split!r}, epoch {epoch})") from None
-        check_structure(data, self.spec, self.split)
+        check_structure(data, self.where, self.split)
         return data  # labels keep their dtype until the range check (a uint64 cast to int32 could wrap)
 
     def _positioned(self, data: tf.data.Dataset, first: int, count: int) -> tf.data.Dataset:
@@ -85,16 +85,16 @@ class FunctionSplit(Split):
         return self._positioned(self.call(0), part.start, part.stop - part.start)
 
     def origin(self, image, label, key) -> str:
-        return f"--data {self.spec}: example {int(key)} of split {self.split!r}"
+        return f"{self.where}: example {int(key)} of split {self.split!r}"
 
 
-def check_structure(data, spec: str, split: str) -> None:
+def check_structure(data, where: str, split: str) -> None:
     """Refuse what is not a dataset of unbatched ``(image (H, W, C), integer label)`` pairs.
 
     Raises:
         HvdtrainError: saying what the function returned instead.
     """
-    where = f"--data {spec} (split {split!r})"
+    where = f"{where} (split {split!r})"
     if not isinstance(data, tf.data.Dataset):
         raise HvdtrainError(f"{where}: the function must return a tf.data.Dataset, got {type(data).__name__}")
     spec_ = data.element_spec
@@ -130,45 +130,49 @@ def _count_and_labels(data: tf.data.Dataset, need_labels: bool):
     return len(labels), labels
 
 
-def open_function(spec: str, rank: int, world_size: int, seed: int, num_classes: int, check_labels) -> StreamingDataset:
+def open_function(spec: Union[str, Callable], rank: int, world_size: int, seed: int, num_classes: int, check_labels,
+                  where: Optional[str] = None) -> StreamingDataset:
     """Open the user's data function ``spec`` as a :class:`StreamingDataset`.
 
     Calls it for each split at epoch 0 and reads each through once where its size (or, without
     ``num_classes``, its labels) is not known otherwise.
 
     Args:
-        spec: ``package.module:function`` (``--data``).
+        spec: ``package.module:function`` (``--data``), or the function itself (``hvdtrain.fit(data=fn)``).
         rank, world_size, seed: passed on to the function.
         num_classes: the class count; 0 infers it from the training labels.
         check_labels: :func:`hvdtrain.data.datasets.check_labels`.
+        where: what messages call the data (default ``--data <spec>``).
 
     Raises:
         HvdtrainError: for a function that cannot be imported, raises, returns the wrong
             structure, splits whose image shapes differ, or labels out of range.
     """
-    fn = import_function(spec, "--data")
+    fn = spec if callable(spec) else import_function(spec, "--data")
+    spec = name_of(spec)
+    name = where or f"data:{spec}"
+    where = where or f"--data {spec}"
     splits, labels = {}, {}
     for split in ("train", "test"):
-        probe = FunctionSplit(fn, spec, split, rank, world_size, seed, 0, tf.uint8)
+        probe = FunctionSplit(fn, where, split, rank, world_size, seed, 0, tf.uint8)
         data = probe.call(0)
         try:
             count, labels[split] = _count_and_labels(data, need_labels=not num_classes)
         except HvdtrainError as e:
-            raise HvdtrainError(f"--data {spec} (split {split!r}): {e}") from None
+            raise HvdtrainError(f"{where} (split {split!r}): {e}") from None
         except tf.errors.OpError as e:
-            raise HvdtrainError(f"--data {spec}: reading split {split!r} failed: {tf_message(e)}") from None
+            raise HvdtrainError(f"{where}: reading split {split!r} failed: {tf_message(e)}") from None
         image, label = data.element_spec
-        splits[split] = FunctionSplit(fn, spec, split, rank, world_size, seed, count, image.dtype)
+        splits[split] = FunctionSplit(fn, where, split, rank, world_size, seed, count, image.dtype)
         splits[split].shape = tuple(image.shape.as_list())
         splits[split].label_shape = tuple(label.shape.as_list())
     train, test = splits["train"], splits["test"]
     if train.shape != test.shape or train.image_dtype != test.image_dtype:
-        raise HvdtrainError(f"--data {spec}: train images are {train.image_dtype.name} {train.shape}, test images "
+        raise HvdtrainError(f"{where}: train images are {train.image_dtype.name} {train.shape}, test images "
                             f"{test.image_dtype.name} {test.shape}; they must be alike")
     if train.label_shape != test.label_shape:
-        raise HvdtrainError(f"--data {spec}: train labels are of shape {train.label_shape}, test labels "
+        raise HvdtrainError(f"{where}: train labels are of shape {train.label_shape}, test labels "
                             f"{test.label_shape}; they must be alike")
-    name = f"data:{spec}"
     if num_classes:
         if not train.num_examples or not test.num_examples:
             raise HvdtrainError(f"{name}: empty split ({train.num_examples} training, {test.num_examples} test examples)")
@@ -179,3 +183,28 @@ def open_function(spec: str, rank: int, world_size: int, seed: int, num_classes:
     opened = StreamingDataset(name, train, test, num_classes, view, seed, {"digest": digest.hexdigest()})
     opened.label_shape = train.label_shape
     return opened
+
+
+def datasets_function(train: tf.data.Dataset, test: tf.data.Dataset, shuffle_buffer: int) -> Callable:
+    """A data function (see the module) over two datasets of unbatched ``(image, label)`` pairs,
+    the same on every rank: ``hvdtrain.fit(data=(train, test))``.
+
+    Each epoch shuffles the training examples in a buffer of ``shuffle_buffer`` with a seed of
+    ``(seed, epoch)``, so every rank sees the same order and takes its own part of it; the test
+    examples keep their order.
+
+    Raises:
+        HvdtrainError: (when called) for anything but two ``tf.data.Dataset`` objects.
+    """
+    for split, data in (("train", train), ("test", test)):
+        if not isinstance(data, tf.data.Dataset):
+            raise HvdtrainError(f"hvdtrain.fit(data=(train, test)): the {split} set must be a tf.data.Dataset, got "
+                                f"{type(data).__name__}")
+
+    def tf_data(split, rank, world_size, seed, epoch):
+        if split == "test":
+            return test
+        # One seed per (seed, epoch), alike on every rank: tf.data's shuffle is then the same order everywhere.
+        return train.shuffle(shuffle_buffer, seed=seed * 1_000_003 + epoch, reshuffle_each_iteration=False)
+
+    return tf_data

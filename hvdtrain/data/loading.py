@@ -1,7 +1,7 @@
 """Opening the configured dataset on every rank: in memory, or streamed by tf.data."""
 from __future__ import annotations
 
-from typing import Optional, Union
+from typing import Callable, Optional, Tuple, Union
 
 from hvdtrain.config import CLASSES, DataConfig
 from hvdtrain.data.datasets import Dataset, check_labels, load_dataset
@@ -12,8 +12,8 @@ from hvdtrain.data.stream import StreamingDataset
 LOADING_MAX_S = 6 * 3600.0
 
 
-def open_dataset(ctx, data: DataConfig, seed: int, watchdog, labels: Optional[str] = CLASSES
-                 ) -> Union[Dataset, StreamingDataset]:
+def open_dataset(ctx, data: DataConfig, seed: int, watchdog, labels: Optional[str] = CLASSES,
+                 function: Optional[Tuple[Callable, str]] = None) -> Union[Dataset, StreamingDataset]:
     """The dataset ``data`` configures, on every rank (a collective).
 
     In-memory datasets are read whole by every rank. TFRecord shards are indexed by rank 0 (once,
@@ -28,6 +28,8 @@ def open_dataset(ctx, data: DataConfig, seed: int, watchdog, labels: Optional[st
         labels: in-memory datasets: their labels as the loss takes them, ``"classes"``,
             ``"targets"`` or None (:func:`hvdtrain.data.datasets.validate`). Streamed datasets
             hold class indices.
+        function: with ``data.dataset == "function"``, the data function itself and what messages
+            call it (``hvdtrain.fit(data=...)``), used instead of importing ``data.function``.
 
     Raises:
         FoundHere / PeerFailure: holding the :class:`HvdtrainError` of the rank that failed, on
@@ -58,8 +60,9 @@ def open_dataset(ctx, data: DataConfig, seed: int, watchdog, labels: Optional[st
     elif data.dataset == "function":
         from hvdtrain.data.function import open_function
 
-        opened = ctx.guarded("opening --data", lambda: open_function(data.function, ctx.rank, ctx.size, seed,
-                                                                      data.num_classes, check_labels))
+        fn, where = function or (data.function, None)
+        opened = ctx.guarded("opening --data", lambda: open_function(fn, ctx.rank, ctx.size, seed, data.num_classes,
+                                                                      check_labels, where))
     else:
         opened = ctx.guarded("loading data", lambda: load_dataset(data.dataset, data.data_dir, seed, labels))
     watchdog.beat("loaded data")

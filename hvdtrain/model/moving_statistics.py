@@ -7,14 +7,20 @@ import tensorflow as tf
 
 from hvdtrain.model.sync_bn import SyncBatchNormalization
 
-# Keras' batch norm layers. Under Horovod (no tf.distribute strategy) each one, Keras' own
-# synchronized variants included, updates its moving statistics from its own rank's batches.
-_KERAS_BATCH_NORMS = (tf.keras.layers.BatchNormalization, tf.keras.layers.experimental.SyncBatchNormalization)
+
+def keras_batch_norms() -> tuple:
+    """Keras' batch norm layer classes. Under Horovod (no tf.distribute strategy) each one, Keras'
+    own synchronized variants included, updates its moving statistics from its own rank's batches.
+    (Looked up when called: a module-level lookup would fail at import where tf.keras is Keras 3,
+    before hvdtrain could say so.)"""
+    layers = tf.keras.layers
+    experimental = getattr(getattr(layers, "experimental", None), "SyncBatchNormalization", None)
+    return (layers.BatchNormalization,) + ((experimental,) if experimental is not None else ())
 
 
 def _per_rank(layer: tf.Module) -> bool:
     """Whether ``layer`` is a batch norm layer that updates its moving statistics per rank."""
-    return (isinstance(layer, _KERAS_BATCH_NORMS)
+    return (isinstance(layer, keras_batch_norms())
             or isinstance(layer, SyncBatchNormalization) and not layer.synchronized)
 
 

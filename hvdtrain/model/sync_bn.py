@@ -162,11 +162,28 @@ class SyncBatchNormalization(tf.keras.layers.Layer):
         unbiased_moving_variance: bool = False,
         activation: Optional[str] = None,
         synchronized: bool = True,
+        fused: Optional[bool] = None,
+        renorm: bool = False,
+        renorm_clipping: Optional[dict] = None,
+        renorm_momentum: float = 0.99,
+        virtual_batch_size: Optional[int] = None,
+        adjustment=None,
         **kwargs,
     ):
-        # No autocast: half-precision inputs keep their dtype (statistics are float32 regardless).
+        # Keras' cast of floating inputs to the compute dtype happens in call, under a mixed policy
+        # only: with the float32 policy, half-precision inputs keep their dtype.
         kwargs.setdefault("autocast", False)
         super().__init__(**kwargs)
+        # Keras' arguments, so that the layer takes any BatchNormalization's config: `fused` picks
+        # Keras' kernel and changes no result; the others change the algorithm, which this layer
+        # does not implement (renorm_clipping and renorm_momentum mean nothing without renorm).
+        if fused not in (None, True, False):
+            raise ValueError(f"fused must be None, True or False, got {fused!r}")
+        for argument, value, neutral in (("renorm", renorm, False), ("virtual_batch_size", virtual_batch_size, None),
+                                         ("adjustment", adjustment, None)):
+            if value is not neutral and value != neutral:
+                raise ValueError(f"SyncBatchNormalization does not implement {argument} (got {argument}={value!r}): "
+                                 f"use tf.keras.layers.BatchNormalization, which normalizes each rank's batch alone")
         axes = list(axis) if isinstance(axis, (list, tuple)) else [axis]
         if not axes or not all(isinstance(a, int) and not isinstance(a, bool) for a in axes):
             raise ValueError(f"axis must be an int or a non-empty list of ints, got {axis!r}")
@@ -246,10 +263,16 @@ class SyncBatchNormalization(tf.keras.layers.Layer):
     # TensorFlow ops (any layout, any device). Both compute the same quantities (the moments by
     # different passes; see the class docstring), equal to float32 rounding (tests/test_sync_bn.py).
     # Off the kernels, a call without collectives on 4-D input takes TensorFlow's fused batch norm.
-    @staticmethod
-    def _compute_dtype_of(inputs) -> tf.DType:
-        """float64 for float64 inputs, float32 for any other (half precision included)."""
-        return tf.float64 if inputs.dtype == tf.float64 else tf.float32
+    def _compute_dtype_of(self, inputs) -> tf.DType:
+        """float64 for float64 inputs (or integer inputs to a float64 layer), float32 for any other
+        (half precision included)."""
+        float64 = inputs.dtype == tf.float64 or (not inputs.dtype.is_floating and self.compute_dtype == "float64")
+        return tf.float64 if float64 else tf.float32
+
+    def _output_dtype_of(self, inputs) -> tf.DType:
+        """The input's dtype (after Keras' cast of floating inputs to the compute dtype), or for
+        integer inputs the compute dtype, as Keras' layer."""
+        return inputs.dtype if inputs.dtype.is_floating else tf.as_dtype(self.compute_dtype)
 
     def _flat_params(self, dtype: tf.DType):
         """gamma, beta as ``[C]`` vectors of ``dtype`` (ones/zeros when disabled)."""
@@ -276,6 +299,8 @@ class SyncBatchNormalization(tf.keras.layers.Layer):
                              f"batch statistics); got a mask of shape {mask.shape}")
         if training is None or not self.trainable:
             training = False
+        if inputs.dtype.is_floating and self.compute_dtype != self.variable_dtype:  # mixed_float16/bfloat16
+            inputs = tf.cast(inputs, self.compute_dtype)  # as Keras: outputs in the compute dtype
         return tf.__internal__.smart_cond.smart_cond(
             training, lambda: self._training_call(inputs), lambda: self._inference_call(inputs))
 
@@ -290,7 +315,7 @@ class SyncBatchNormalization(tf.keras.layers.Layer):
             y = kernels.normalize(x, mean, scale, beta, relu=self._relu)
         else:
             y = self._activate((x - self._per_element(mean)) * self._per_element(scale) + self._per_element(beta))
-        return tf.cast(y, inputs.dtype)
+        return tf.cast(y, self._output_dtype_of(inputs))
 
     @property
     def _relu(self) -> bool:
@@ -433,7 +458,7 @@ class SyncBatchNormalization(tf.keras.layers.Layer):
 
             return y, grad
 
-        return tf.cast(normalize(x, gamma, beta), inputs.dtype)
+        return tf.cast(normalize(x, gamma, beta), self._output_dtype_of(inputs))
 
     def _update_moving_statistics(self, count, mean, variance):
         """Moving averages from the global batch statistics; unchanged when the global count is 0."""

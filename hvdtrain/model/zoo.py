@@ -14,6 +14,7 @@ import tensorflow as tf
 from hvdtrain.compat import require_keras2
 from hvdtrain.errors import HvdtrainError, say
 from hvdtrain.imports import import_function, name_of
+from hvdtrain.model.convert import convert_sync_batchnorm, keras_batch_norm_layers
 from hvdtrain.model.sync_bn import SyncBatchNormalization
 
 BUILTIN_MODELS = ("cnn", "resnet20", "unet")
@@ -227,7 +228,7 @@ def unet(input_shape: Tuple[int, int, int], num_classes: int, norm: Optional[Nor
 
 def build_model(spec: Union[str, Callable], input_shape: Tuple[int, int, int], num_classes: int, sync_bn: bool = True,
                 seed: int = 0, rank: int = 0, output_shape: Optional[Tuple[int, ...]] = None,
-                outputs: str = "logits") -> tf.keras.Model:
+                outputs: str = "logits", convert_sync_bn: bool = False, world_size: int = 1) -> tf.keras.Model:
     """Build the model named by ``--model`` and check its output shape.
 
     Args:
@@ -244,6 +245,9 @@ def build_model(spec: Union[str, Callable], input_shape: Tuple[int, int, int], n
             stderr) if the model has Keras random layers (``Dropout``...), which resumes cannot repeat.
         output_shape: the outputs' shape per example that the labels need (default ``(K,)``).
         outputs: what they are, for the message of a wrong shape.
+        convert_sync_bn: replace a model function's Keras batch norm layers by synchronized ones
+            (:func:`hvdtrain.model.convert.convert_sync_batchnorm`). Without it, at ``world_size``
+            > 1 rank 0 warns once of Keras batch norm layers, which normalize each rank's batch alone.
 
     Returns:
         The built ``tf.keras.Model``.
@@ -261,6 +265,13 @@ def build_model(spec: Union[str, Callable], input_shape: Tuple[int, int, int], n
         model = build(input_shape, num_classes, norm=norm_factory(sync_bn), seed=seed, rank=rank)
     else:
         model = _user_model(_import_model(spec), spec, input_shape, num_classes, rank)
+    per_rank = keras_batch_norm_layers(model)
+    if per_rank and convert_sync_bn:
+        model = convert_sync_batchnorm(model)
+    elif per_rank and world_size > 1 and rank == 0:
+        say(f"hvdtrain: warning: --model {spec!r} has {len(per_rank)} Keras BatchNormalization layer(s) (e.g. "
+            f"{per_rank[0].name!r}), which normalize each rank's batch alone: add --convert-sync-bn "
+            f"(hvdtrain.fit(..., convert_sync_bn=True)) to normalize with the global batch's statistics", sys.stderr)
     # One inference call on two images (no collectives: synchronized BatchNorm uses its moving
     # statistics) checks what Keras' output_shape may not tell: subclassed models have none.
     try:

@@ -16,8 +16,9 @@ from typing import Callable, Optional, Sequence, TypeVar
 
 import numpy as np
 
-from hvdtrain.errors import EveryRankError, FoundHere, HvdtrainError, PeerFailure
+from hvdtrain.errors import EveryRankError, FoundHere, HvdtrainError, PeerFailure, say
 from hvdtrain.runtime import placement
+from hvdtrain.runtime.devices import check_started_devices, runtime_started
 
 T = TypeVar("T")
 
@@ -252,8 +253,10 @@ def init_distributed(threads: int = 0, use_gpu: bool = True, stall_timeout: floa
                      horovod_cycle_time_ms: float = 0.1) -> DistContext:
     """Start Horovod and pin this process to its own GPU (or its own CPU cores).
 
-    Must run before any TensorFlow op: device visibility and thread pools are fixed once
-    TensorFlow's runtime starts.
+    Best called before any TensorFlow op: device visibility and thread pools are fixed once
+    TensorFlow's runtime starts. Called later (a script that built its optimizer first), a CPU
+    rank keeps the runtime's thread pools, its threads still pinned to the rank's cores, and a GPU
+    rank goes on if the runtime already sees only its GPU. Calling it again is harmless.
 
     Args:
         threads: TensorFlow intra-op threads; 0 = one per core this rank expects to get (see
@@ -278,8 +281,9 @@ def init_distributed(threads: int = 0, use_gpu: bool = True, stall_timeout: floa
     Raises:
         EveryRankError: with ``elastic`` but no elastic launcher (``HOROVOD_ELASTIC`` unset).
         FoundHere: holding an HvdtrainError, if a host has GPUs but fewer than its local ranks (two
-            ranks sharing one GPU is the "all memory grabbed, one GPU computing" pitfall), on the
-            lowest such rank, which prints it; the other ranks raise :class:`PeerFailure`.
+            ranks sharing one GPU is the "all memory grabbed, one GPU computing" pitfall), or if
+            TensorFlow's runtime started before this call holding other GPUs than this rank's, on
+            the lowest such rank, which prints it; the other ranks raise :class:`PeerFailure`.
     """
     import horovod.tensorflow as hvd
     import tensorflow as tf
@@ -323,6 +327,9 @@ def init_distributed(threads: int = 0, use_gpu: bool = True, stall_timeout: floa
 
     # Pin: each process sees exactly one GPU, the one at its local rank, so it neither computes on
     # nor reserves memory of its neighbours' GPUs; memory growth lets it take only what it needs.
+    # Where the user's script started TensorFlow's runtime first (an op, a variable, a Keras
+    # optimizer), the devices it sees are fixed: fine if they are already this rank's alone.
+    started = runtime_started()
     error = None
     gpus = tf.config.list_physical_devices("GPU") if use_gpu else []
     if gpus and local_size > len(gpus):
@@ -331,25 +338,29 @@ def init_distributed(threads: int = 0, use_gpu: bool = True, stall_timeout: floa
             f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '<unset>')}): start at most "
             f"one rank per GPU, or pass --cpu to train on the CPU"
         )
-    if gpus and error is None:
-        gpu = gpus[local_rank]
-        tf.config.set_visible_devices([gpu], "GPU")
-        tf.config.experimental.set_memory_growth(gpu, True)
-        device = "/GPU:0"
+    elif started:
+        error = check_started_devices(gpus[local_rank:local_rank + 1] if gpus else [])
+    elif gpus:
+        tf.config.set_visible_devices([gpus[local_rank]], "GPU")
+        tf.config.experimental.set_memory_growth(gpus[local_rank], True)
     else:
         tf.config.set_visible_devices([], "GPU")
-        device = "/CPU:0"
+    device = "/GPU:0" if gpus and error is None else "/CPU:0"
 
     # CPU threads: ranks on one machine split the cores they may all run on instead of each
     # starting a thread per core, which would oversubscribe the machine local_size times over; a
     # rank its launcher bound to cores of its own keeps those. The ranks compare their bindings
     # to decide (one allgather), but TensorFlow's thread pools are sized before that collective
-    # starts its runtime: by the share this rank expects.
+    # starts its runtime: by the share this rank expects. A runtime the user's script started
+    # keeps its pools; pinning below still confines their threads to the rank's cores.
     own = frozenset(os.sched_getaffinity(0))
     expected = placement.expected_share(own, placement.launch_cpus(), local_size)
     intra = threads if threads > 0 else expected
-    tf.config.threading.set_intra_op_parallelism_threads(intra)
-    tf.config.threading.set_inter_op_parallelism_threads(2)
+    if started:
+        intra = tf.config.threading.get_intra_op_parallelism_threads() or len(own)
+    else:
+        tf.config.threading.set_intra_op_parallelism_threads(intra)
+        tf.config.threading.set_inter_op_parallelism_threads(2)
     if elastic:
         # No collective here: a worker joining an elastic job starts up alone (see DistContext.agree).
         cores = placement.cpu_slice(own, local_rank, local_size, {cpu: placement.cpu_topology(cpu) for cpu in own})
@@ -358,7 +369,12 @@ def init_distributed(threads: int = 0, use_gpu: bool = True, stall_timeout: floa
             with in_collective("comparing the ranks' CPU bindings (allgather)"):
                 return hvd.allgather_object(binding, name="hvdtrain.cpu_bindings")
 
-        cores = placement.agreed_cpu_share(allgather, hvd.size(), rank, own, intra, threads_given=threads > 0)
+        cores = placement.agreed_cpu_share(allgather, hvd.size(), rank, own, intra,
+                                           threads_given=threads > 0 or started)
+    if started and rank == 0 and intra > len(cores):
+        say(f"hvdtrain: note: TensorFlow's runtime started before hvdtrain.init_distributed(), with {intra} intra-op "
+            f"threads per rank for its {len(cores)} core(s) (they share them); call hvdtrain.init_distributed() "
+            f"first in your script for a pool of the rank's size", sys.stderr)
     if len(cores) < len(own):
         # Every thread of the rank is confined to its share, Horovod's background loop included,
         # so no rank computes or polls on another rank's cores. A user's HOROVOD_THREAD_AFFINITY

@@ -1,0 +1,143 @@
+"""Stock ``tf.keras`` callbacks in :func:`hvdtrain.fit`: one hvdtrain callback that drives them.
+
+Keras callbacks see what ``model.fit`` would show them -- ``loss``, ``accuracy``, ``val_loss``,
+``val_accuracy``..., here global (allreduced over ranks, exact) -- so ``EarlyStopping`` and
+``ReduceLROnPlateau`` decide alike on every rank. Callbacks that write files or print progress
+(``ModelCheckpoint``, ``CSVLogger``, ``ProgbarLogger``, ``RemoteMonitor``) run on rank 0 only; the
+others run on every rank, where they change the model, its optimizer or the run alike (a
+``stop_training`` set on any rank stops every rank after the same epoch: :class:`hvdtrain.trainer.Trainer`
+agrees on it), and print from rank 0 only (``verbose`` is 0 elsewhere). Your own Keras callbacks
+run on every rank, as in Horovod's Keras API.
+"""
+from __future__ import annotations
+
+from typing import List, Sequence
+
+import tensorflow as tf
+
+from hvdtrain.callbacks import Callback
+from hvdtrain.errors import HvdtrainError
+
+# Callbacks whose side effects are files or progress lines: rank 0's alone.
+CHIEF_ONLY = ("ModelCheckpoint", "CSVLogger", "ProgbarLogger", "RemoteMonitor")
+# Callbacks whose job hvdtrain does itself, differently: refused, with what to use instead.
+REFUSED = {
+    "BackupAndRestore": "hvdtrain checkpoints every epoch (--checkpoint-every for steps) and continues exactly "
+                        "with resume=True (--resume)",
+    "TensorBoard": "hvdtrain writes TensorBoard logs itself, to <log-dir>/tensorboard (tensorboard --logdir <log-dir>)",
+}
+# Callbacks that set the optimizer's learning rate, which must then be a number (a variable), not a schedule.
+SETS_LR = ("ReduceLROnPlateau", "LearningRateScheduler")
+
+
+def is_keras_callback(callback) -> bool:
+    """Whether ``callback`` is a ``tf.keras.callbacks.Callback`` (rather than an hvdtrain one)."""
+    return isinstance(callback, tf.keras.callbacks.Callback)
+
+
+def keras_logs(metrics: dict) -> dict:
+    """hvdtrain's epoch metrics under Keras' names: ``train_loss`` -> ``loss``, ``test_accuracy`` ->
+    ``val_accuracy``, ``lr`` as ``lr`` and ``learning_rate``; the rest as they are."""
+    logs = {}
+    for key, value in metrics.items():
+        if key.startswith("train_") and key != "train_examples":
+            logs[key[len("train_"):]] = value
+        elif key.startswith("test_"):
+            logs["val_" + key[len("test_"):]] = value
+        else:
+            logs[key] = value
+    if "lr" in logs:
+        logs["learning_rate"] = logs["lr"]
+    return logs
+
+
+class _ModelView:
+    """The model as Keras callbacks reach it (``self.model``): the trained model's methods and
+    weights, the run's optimizer as ``optimizer``, and ``stop_training``. A view, so that the
+    optimizer (Horovod's wrapper) is not made part of the model, whose saved file must not hold it."""
+
+    def __init__(self, model, optimizer):
+        object.__setattr__(self, "_model", model)
+        object.__setattr__(self, "optimizer", optimizer)
+        object.__setattr__(self, "stop_training", False)
+
+    def __getattr__(self, name):
+        return getattr(self._model, name)
+
+    def __setattr__(self, name, value):
+        if name in ("optimizer", "stop_training"):
+            object.__setattr__(self, name, value)
+        else:
+            setattr(self._model, name, value)
+
+
+class KerasCallbacks(Callback):
+    """Runs ``tf.keras`` callbacks at hvdtrain's hooks (see the module's docstring).
+
+    Args:
+        callbacks: ``tf.keras.callbacks.Callback`` objects, in the order to call them.
+        model: the model being trained.
+        optimizer: the run's (Horovod-wrapped) optimizer.
+        is_chief: whether this is rank 0.
+        epochs: the run's total epochs (Keras' ``params``).
+        steps: steps per epoch (Keras' ``params``).
+
+    Raises:
+        HvdtrainError: for ``BackupAndRestore`` and ``TensorBoard`` (hvdtrain does their job), and
+            for ``ReduceLROnPlateau`` or ``LearningRateScheduler`` when the optimizer's learning
+            rate is a schedule (hvdtrain's warmup schedule, or the user's), which they cannot set.
+    """
+
+    chief_only = False
+
+    def __init__(self, callbacks: Sequence, model, optimizer, is_chief: bool, epochs: int, steps: int):
+        for cb in callbacks:
+            name = type(cb).__name__
+            if name in REFUSED and type(cb).__module__.startswith(("tf_keras", "keras")):
+                raise HvdtrainError(f"hvdtrain.fit(callbacks=...): tf.keras.callbacks.{name} is not supported: {REFUSED[name]}")
+            if name in SETS_LR and isinstance(getattr(optimizer, "_learning_rate", None),
+                                              tf.keras.optimizers.schedules.LearningRateSchedule):
+                raise HvdtrainError(
+                    f"hvdtrain.fit(callbacks=...): {name} sets the optimizer's learning rate, but the optimizer's rate "
+                    f"follows a LearningRateSchedule (hvdtrain's warmup schedule, or your own): pass your own "
+                    f"optimizer with a number as its learning rate, e.g. optimizer=tf.keras.optimizers.SGD(0.1)")
+        self.callbacks: List = [cb for cb in callbacks if is_chief or type(cb).__name__ not in CHIEF_ONLY]
+        self.view = _ModelView(model, optimizer)
+        for cb in self.callbacks:
+            if not is_chief and hasattr(cb, "verbose"):
+                cb.verbose = 0  # each rank decides alike: rank 0 says it
+            cb.set_model(self.view)
+            cb.set_params({"epochs": epochs, "steps": steps, "verbose": 1 if is_chief else 0})
+        self._logs: dict = {}
+        self._began = False
+
+    @property
+    def stop_training(self) -> bool:
+        """Whether a Keras callback asked to stop (``model.stop_training``), on this rank."""
+        return bool(self.view.stop_training)
+
+    def on_train_begin(self, start_epoch, epochs):
+        self._began = True
+        for cb in self.callbacks:
+            cb.on_train_begin({})
+
+    def on_epoch_begin(self, epoch, steps, first_step=0):
+        for cb in self.callbacks:
+            cb.on_epoch_begin(epoch, {})
+
+    def on_step_end(self, epoch, step, running):
+        if running:  # the global running metrics, where they were reduced; else the last ones
+            self._logs = keras_logs({k: v for k, v in running.items() if k != "count"})
+        for cb in self.callbacks:
+            cb.on_train_batch_end(step, dict(self._logs))
+
+    def on_epoch_end(self, epoch, metrics):
+        logs = keras_logs(metrics)
+        for cb in self.callbacks:
+            cb.on_epoch_end(epoch, logs)
+
+    def close(self):
+        if self._began:
+            self._began = False
+            for cb in self.callbacks:  # CSVLogger closes its file here
+                cb.on_train_end(dict(self._logs))

@@ -1,0 +1,99 @@
+"""What a finished run leaves besides its checkpoints (rank 0): ``model.keras`` and ``curves.png``."""
+from __future__ import annotations
+
+import os
+import sys
+from typing import Optional
+
+from hvdtrain.callbacks import Callback, logged_epochs
+from hvdtrain.errors import say
+from hvdtrain.files import fsync_dir
+
+MODEL_FILE = "model.keras"
+CURVES_FILE = "curves.png"
+
+
+def save_trained_model(model, run_dir: str) -> Optional[str]:
+    """Write ``model`` (architecture and weights; it holds no optimizer) to ``<run_dir>/model.keras``, by a
+    rename, so that the file is whole or absent. It loads with :func:`load_model`.
+
+    A model Keras cannot save (a custom layer without ``get_config``, say) is a warning, not an
+    error: the trained weights are in the checkpoints already.
+
+    Returns:
+        The file's path, or None if it could not be written.
+    """
+    path = os.path.join(run_dir, MODEL_FILE)
+    tmp = os.path.join(run_dir, "model.tmp.keras")  # Keras picks its format by the suffix
+    try:
+        model.save(tmp)  # hvdtrain never compiles the model: no optimizer in the file
+        os.replace(tmp, path)
+        fsync_dir(run_dir)
+    except Exception as e:  # noqa: BLE001 -- reported: the run itself succeeded
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        say(f"hvdtrain: warning: could not save the trained model to {path} ({type(e).__name__}: "
+            f"{str(e).strip().splitlines()[0] if str(e).strip() else ''}); its weights are in the checkpoints",
+            sys.stderr)
+        return None
+    return path
+
+
+class Curves(Callback):
+    """Draws ``<log_dir>/curves.png`` after every epoch: the loss and each metric per epoch, train
+    and test, one panel each, from ``metrics.jsonl`` (so a resumed run's picture holds every epoch).
+    Drawn with matplotlib's non-interactive Agg backend, written by a rename."""
+
+    def __init__(self, log_dir: str):
+        self.log_dir = log_dir
+
+    def on_epoch_end(self, epoch, metrics):
+        import json
+
+        records = [json.loads(line) for _, line in logged_epochs(os.path.join(self.log_dir, "metrics.jsonl"))]
+        if records:
+            draw_curves(records, os.path.join(self.log_dir, CURVES_FILE))
+
+
+def draw_curves(records: list, path: str) -> None:
+    """Plot ``records`` (``metrics.jsonl``'s epoch objects) to the PNG ``path`` (see :class:`Curves`)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    names = [key[len("test_"):] for key in records[-1] if key.startswith("test_")]
+    epochs = [r["epoch"] for r in records]
+    fig, axes = plt.subplots(1, len(names), figsize=(4.5 * len(names), 3.5), squeeze=False)
+    for ax, name in zip(axes[0], names):
+        for split in ("train", "test"):
+            values = [r.get(f"{split}_{name}") for r in records]
+            if any(v is not None for v in values):
+                ax.plot(epochs, values, marker="o", label=split)
+        ax.set_title(name)
+        ax.set_xlabel("epoch")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    tmp = path + ".tmp.png"
+    fig.savefig(tmp, dpi=80)
+    plt.close(fig)
+    os.replace(tmp, path)
+
+
+def load_model(path: str):
+    """``tf.keras.models.load_model(path)`` with hvdtrain's layers registered first: a run's
+    ``model.keras`` names ``SyncBatchNormalization``, which Keras would otherwise take for its own
+    ``experimental.SyncBatchNormalization``.
+
+    Raises:
+        OSError, ValueError: as ``tf.keras.models.load_model``, for a missing or unreadable file.
+    """
+    import tensorflow as tf
+
+    from hvdtrain.model import sync_bn, zoo  # noqa: F401 -- registers SyncBatchNormalization, SeededDropout
+    from hvdtrain import optim  # noqa: F401 -- registers WarmupSchedule
+
+    return tf.keras.models.load_model(path)
