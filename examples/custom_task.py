@@ -47,6 +47,7 @@ fashion = load_idx_dir("/usr/share/datasets/fashion-mnist")
 data = (fashion.x_train[:a.train], tags(fashion.y_train[:a.train]), fashion.x_test, tags(fashion.y_test))
 result = hvdtrain.fit(small_cnn, data, loss="binary_crossentropy", metrics=["accuracy", exact_match],
                       epochs=a.epochs, batch_size=64, log={"dir": a.log_dir, "progress": False})
-for epoch, metrics in enumerate(result.history, 1):
-    print(f"epoch {epoch}: test tag accuracy {metrics['test_accuracy']:.4f}, "
-          f"all tags right {metrics['test_exact_match']:.4f}")
+if result.is_chief:  # every rank holds the same global history: rank 0 prints it
+    for epoch, metrics in enumerate(result.history, 1):
+        print(f"epoch {epoch}: test tag accuracy {metrics['test_accuracy']:.4f}, "
+              f"all tags right {metrics['test_exact_match']:.4f}")

@@ -35,4 +35,5 @@ result = hvdtrain.fit(
     optim={"base_lr": 0.02, "warmup_epochs": 0.5},
     log={"dir": a.log_dir, "progress": False},
 )
-print(f"held-out mean IoU {result.metrics['test_mean_iou']:.4f}")
+if result.is_chief:  # every rank has the same global metrics: rank 0 says
+    print(f"held-out mean IoU {result.metrics['test_mean_iou']:.4f}")

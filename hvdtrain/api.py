@@ -37,12 +37,18 @@ class FitResult:
             ``images_per_sec``...); empty if there was nothing left to train.
         metrics: the final metrics: the last epoch's, or the test set's if nothing was trained.
         config: the resolved :class:`~hvdtrain.config.Config` of the run.
+        rank: this process's rank (``is_chief``: rank 0, the one to print or save from).
     """
 
     model: object
     history: List[dict]
     metrics: dict
     config: Config
+    rank: int = 0
+
+    @property
+    def is_chief(self) -> bool:
+        return self.rank == 0
 
 
 def fit(model_fn: Union[str, Callable], data=None, *, loss=None, metrics: Optional[Sequence] = None,
@@ -142,7 +148,7 @@ def fit(model_fn: Union[str, Callable], data=None, *, loss=None, metrics: Option
         outcome = run(run_config, parts)
     except RunEnded as ended:
         raise _raised(ended) from ended.cause
-    return FitResult(outcome.model, history.history, outcome.metrics, run_config)
+    return FitResult(outcome.model, history.history, outcome.metrics, run_config, outcome.rank)
 
 
 def resolve_config(config: Union[Config, dict, str, None], settings: dict) -> Config:

@@ -9,6 +9,7 @@ unaveraged, each rank training its own model (horovod/horovod#4040), so it is re
 from __future__ import annotations
 
 import importlib.util
+import os
 
 from hvdtrain.errors import HvdtrainError
 
@@ -39,6 +40,8 @@ def require_keras2(model=None, optimizer=None) -> None:
     if _is_keras3(tf.keras.layers.Layer):
         if importlib.util.find_spec("tf_keras") is None:
             fix = f"install tf-keras=={tf.__version__} (scripts/setup.sh does) and import hvdtrain first"
+        elif os.environ.get("TF_USE_LEGACY_KERAS", "1").lower() in ("0", "false", "no", ""):
+            fix = f"TF_USE_LEGACY_KERAS={os.environ['TF_USE_LEGACY_KERAS']} selects Keras 3: set TF_USE_LEGACY_KERAS=1"
         else:  # tf.keras chose its Keras at its first use, before `import hvdtrain` set TF_USE_LEGACY_KERAS
             fix = ("tf.keras was first used before `import hvdtrain`, which selects Keras 2 (tf_keras): import "
                    "hvdtrain before using tf.keras, or export TF_USE_LEGACY_KERAS=1")

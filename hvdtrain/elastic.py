@@ -43,6 +43,7 @@ from hvdtrain.errors import FoundHere, PeerFailure, RunEnded, is_peer_loss, say
 from hvdtrain.model.zoo import set_dropout_rank
 from hvdtrain.metrics import Objective
 from hvdtrain.optim import rescale_schedule
+from hvdtrain.outputs import save_trained_model
 from hvdtrain.precision import DynamicLossScale
 from hvdtrain.rundir import (checkpoint_dir, checkpoint_meta, default_run_dir, open_run_dir, restore_for_resume,
                              write_run_config)
@@ -246,6 +247,8 @@ class ElasticJob:
                                   save_every=(config.checkpoint.every_steps, config.elastic.commit_every))
             # Trained: while the callbacks close (below), SIGTERM is only recorded, as in the recipe.
             defer_stop_signals()
+            if ctx.is_chief and "train_loss" in metrics:  # the trained model, as the recipe's rank 0 writes it
+                save_trained_model(model, state.run_dir)
             return metrics
         except HostsUpdatedInterrupt:
             # Sync after every change, also when workers only left: by the time the driver

@@ -67,10 +67,12 @@ class Parts:
 
 
 class Outcome(NamedTuple):
-    """A finished run: its final metrics (the last epoch's, or the test set's) and the trained model."""
+    """A finished run: its final metrics (the last epoch's, or the test set's), the trained model,
+    and this process's rank in the job at its end."""
 
     metrics: dict
     model: tf.keras.Model
+    rank: int = 0
 
 
 def run(config: Config, parts: Parts = Parts()) -> Outcome:
@@ -164,7 +166,7 @@ def run(config: Config, parts: Parts = Parts()) -> Outcome:
             # Steps 5-8, re-run whenever workers leave or join (hvdtrain.elastic); the job knows
             # its run directory (rank 0's, from the first sync).
             job = ElasticJob(config, ctx, dataset, fingerprint, model, optimizer, watchdog, loss_scale, objective)
-            return Outcome(job.run(), model)
+            return Outcome(job.run(), model, current_rank())
 
         # 5. Run directory and checkpoints (rank 0 only writes), restored state on resume.
         run_dir = ctx.broadcast_object(config.log.dir or default_run_dir(), name="hvdtrain.run_dir")
@@ -205,7 +207,7 @@ def run(config: Config, parts: Parts = Parts()) -> Outcome:
             say(split_text(metrics, "test"))
         elif ctx.is_chief:  # the trained model, for tf.keras.models.load_model
             save_trained_model(model, run_dir)
-        return Outcome(metrics, model)
+        return Outcome(metrics, model, ctx.rank)
     except BaseException as e:  # noqa: BLE001 -- every way a run can end is classified, once
         # From here on, while this rank reports how it ends, SIGTERM is only recorded.
         defer_stop_signals()

@@ -26,7 +26,7 @@ die() { printf '[setup] error: %s\n' "$*" >&2; exit 1; }
 
 case "$STACK" in
   tf2.21) PYTHONS=(3.13 3.12 3.11 3.10); TF_KERAS=2.21.0 ;;
-  tf2.15) PYTHONS=(3.11 3.10 3.9); TF_KERAS=2.15.1 ;;
+  tf2.15) PYTHONS=(3.11 3.10); TF_KERAS=2.15.1 ;;
   *) die "STACK must be tf2.21 or tf2.15, got '$STACK'" ;;
 esac
 REQUIREMENTS="$ROOT/requirements/$STACK.txt"

@@ -100,6 +100,11 @@ class SyncBatchNormalization(tf.keras.layers.Layer):
             rank's own batch (per-rank batch normalization, no collective call; the moving statistics
             then differ between ranks, and :func:`hvdtrain.model.moving_statistics.per_rank_moving_statistics` finds
             them). The name and meaning of Keras' ``BatchNormalization(synchronized=...)``.
+        fused: accepted for Keras' configs (``None``, True or False) and without effect: the
+            kernels are chosen as described above, and the result does not depend on them.
+        renorm, renorm_clipping, renorm_momentum, virtual_batch_size, adjustment: Keras'
+            arguments, accepted at their neutral values (``False``, any, any, ``None``, ``None``);
+            batch renormalization, virtual batches and adjustment are not implemented (ValueError).
         **kwargs: standard Keras layer arguments (``name``, ``dtype``, ``trainable``...).
 
     Call arguments:
@@ -115,7 +120,17 @@ class SyncBatchNormalization(tf.keras.layers.Layer):
         ``(batch, steps, C)``, ``(batch, H, W, C)`` or ``(batch, C, H, W)`` with ``axis=1``.
 
     Output shape:
-        Same shape and dtype as the input.
+        Same shape as the input. Same dtype as a floating input; under a mixed policy
+        (``mixed_float16``/``mixed_bfloat16``) the compute dtype, as Keras' layer (its statistics
+        and weights stay float32); for an integer input the compute dtype (normalized, not truncated).
+
+    Deliberate differences from Keras' ``BatchNormalization`` (``tests/model/test_sync_bn_keras.py``
+    runs what tf-keras's own tests check): masks are refused, not used to leave positions out;
+    ``training=None`` means inference also in TF1 graph mode (Keras reads the learning phase there);
+    the moving variance is the biased one unless ``unbiased_moving_variance`` (Keras' fused kernel
+    applies Bessel's correction); ``synchronized`` defaults to True; several ``axis`` entries keep
+    weights of shape ``(C1, C2)`` where Keras keeps ``(1, C1, 1, C2)``; renorm, virtual batches and
+    adjustment are refused.
 
     Reference:
         Ioffe & Szegedy, "Batch Normalization: Accelerating Deep Network Training by Reducing

@@ -19,6 +19,8 @@ from typing import List, Sequence
 
 import tensorflow as tf
 
+from hvdtrain.errors import say
+
 _HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCE = os.path.join(_HERE, "csrc", "sync_bn_kernels.cc")
 # One library per TensorFlow version, so that stacks sharing this checkout (scripts/matrix.sh) keep their own.
@@ -53,7 +55,15 @@ def set_enabled(enabled: bool) -> None:
 
 @functools.lru_cache(maxsize=None)
 def _library():
-    if not _enabled or not os.path.exists(LIBRARY):
+    if not _enabled:
+        return None
+    if not os.path.exists(LIBRARY):  # an install without scripts/setup.sh (pip install .): said once, by rank 0
+        from hvdtrain.runtime.dist import launcher_rank
+
+        if launcher_rank() == 0:
+            say(f"hvdtrain: note: SyncBatchNormalization's CPU kernels are not built for TensorFlow {tf.__version__}; "
+                f"it uses TensorFlow ops, which compute the same, more slowly. Build them once with: "
+                f"python -m hvdtrain.model.sync_bn_kernels", sys.stderr)
         return None
     if not _stamp_matches():  # built from another source, or for another TensorFlow: its ops may not match
         warnings.warn(f"hvdtrain: {LIBRARY} was not built from this {SOURCE} for TensorFlow {tf.__version__}; "

@@ -146,6 +146,14 @@ def layer_of(variable: str) -> str:
     return variable.rsplit("/", 1)[0] if "/" in variable else variable
 
 
+def failure(output: str) -> str:
+    """What a failed run said: its ``hvdtrain: error:`` messages, each once (every rank may print
+    the same one), else its last lines."""
+    marker = "hvdtrain: error: "
+    said = list(dict.fromkeys(line.split(marker, 1)[1] for line in output.splitlines() if marker in line))
+    return "; ".join(said) if said else "\n" + "\n".join(output.splitlines()[-20:])
+
+
 def _listed(names: List[str], shown: int = 8) -> str:
     return ", ".join(names[:shown]) + (f" (and {len(names) - shown} more)" if len(names) > shown else "")
 
@@ -176,10 +184,8 @@ def main(argv=None) -> int:
             env = {k: v for k, v in os.environ.items() if not k.startswith(("HOROVOD_", "OMPI_", "PMI"))}
             done = subprocess.run(command, env=env, capture_output=True, text=True)
             if done.returncode != 0:
-                errors = [line for line in (done.stdout + done.stderr).splitlines() if "hvdtrain: error:" in line
-                          or "Error" in line]
-                say(f"hvdtrain verify: error: the run at world size {world_size} failed:\n"
-                    + "\n".join(errors[-5:] or (done.stdout + done.stderr).splitlines()[-20:]), sys.stderr)
+                say(f"hvdtrain verify: error: the run at world size {world_size} failed: "
+                    + failure(done.stdout + done.stderr), sys.stderr)
                 return 2
             with np.load(out) as saved:
                 outputs[run] = dict(saved)

@@ -114,3 +114,17 @@ def test_several_axes():
     model = _trained_statistics(tf.keras.Sequential([tf.keras.Input((8, 8, 3)), tf.keras.layers.Conv2D(7, 3),
                                                      tf.keras.layers.BatchNormalization(axis=[1, 3])]))
     _same_model(model, convert_sync_batchnorm(model))
+
+
+def test_the_command_line_converts_and_otherwise_warns_once(tmp_path):
+    """At 2 ranks a --model with Keras BatchNormalization gets one warning naming the fix; with
+    --convert-sync-bn none, and the model trains (synchronized) alike."""
+    from tests.ranks import run_ranks
+
+    args = ["-m", "hvdtrain", "--dataset", "synthetic", "--model", "tests.models:cnn_keras_bn", "--epochs", "1",
+            "--no-progress", "--threads", "1"]
+    plain = run_ranks(2, [*args, "--log-dir", str(tmp_path / "plain")])
+    assert plain.stderr.count("Keras BatchNormalization layer(s)") == 1 and "--convert-sync-bn" in plain.stderr
+    converted = run_ranks(2, [*args, "--convert-sync-bn", "--log-dir", str(tmp_path / "converted")])
+    assert "Keras BatchNormalization layer(s)" not in converted.stderr
+    assert "convert_sync_bn: true" in (tmp_path / "converted" / "config.yaml").read_text()

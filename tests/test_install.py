@@ -1,0 +1,45 @@
+"""pip install into an existing stack: a fresh venv that reuses the set-up's TensorFlow and Horovod
+(as NVIDIA's containers ship them) installs hvdtrain from its source without downloading anything,
+trains at two ranks (saying once that the CPU kernels are not built), then builds the kernels."""
+import shutil
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+from tests.ranks import REPO, rank_env
+
+IGNORED = shutil.ignore_patterns(".git", ".venv*", "runs", "build", "*.egg-info", "__pycache__", "_sync_bn_kernels*")
+
+
+def _run(args, cwd, timeout=600):
+    env = {k: v for k, v in rank_env().items() if k != "PYTHONPATH"}  # this checkout must not be importable
+    result = subprocess.run([str(a) for a in args], cwd=cwd, env=env, capture_output=True, text=True,
+                            timeout=timeout)
+    assert result.returncode == 0, f"{args}\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+    return result
+
+
+def test_pip_install_next_to_an_existing_tensorflow_and_horovod(tmp_path):
+    source = tmp_path / "src"
+    shutil.copytree(REPO, source, ignore=IGNORED)
+    venv = tmp_path / "venv"
+    _run([sys.executable, "-m", "venv", venv], tmp_path)
+    python = venv / "bin" / "python"
+    site = Path(_run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                     tmp_path).stdout.strip())
+    (site / "existing_stack.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")  # TF, Horovod, numpy...
+    # --no-index: every requirement setup.py declares must already be there; nothing is downloaded.
+    _run([python, "-m", "pip", "install", "-q", "--no-index", "--no-build-isolation", source], tmp_path)
+    where = _run([python, "-c", "import hvdtrain; print(hvdtrain.__file__)"], tmp_path).stdout.strip()
+    assert where.startswith(str(site)), where
+
+    run = _run([python, "-m", "horovod.runner.launch", "-np", "2", "-H", "localhost:2", "--gloo", python, "-m",
+                "hvdtrain", "--dataset", "synthetic", "--epochs", "1", "--no-progress", "--log-dir", tmp_path / "run"],
+               tmp_path)
+    assert "epoch   1/1" in run.stdout
+    assert (run.stdout + run.stderr).count("CPU kernels are not built") == 1
+    assert (tmp_path / "run" / "model.keras").exists()
+
+    _run([python, "-m", "hvdtrain.model.sync_bn_kernels"], tmp_path)
+    _run([python, "-c", "from hvdtrain.model import sync_bn_kernels as k; assert k._library() is not None"], tmp_path)
