@@ -1,8 +1,8 @@
 """The typed configuration tree of a training run, validated on construction.
 
 Each section is a frozen dataclass whose ``__post_init__`` rejects bad values with a
-:class:`HvdtrainError` naming the command-line flag and the value received. One module over 400
-lines: the whole tree in one place, each section's checks beside its fields.
+:class:`HvdtrainError` naming the command-line flag and the value received.
+One module over 400 lines: the whole tree in one place, each section's checks beside its fields.
 """
 from __future__ import annotations
 

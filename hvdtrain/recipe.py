@@ -54,8 +54,7 @@ class Parts:
         callbacks: more :class:`~hvdtrain.callbacks.Callback` objects (chief-only ones run on rank 0
             only) and ``tf.keras`` callbacks (:mod:`hvdtrain.keras_callbacks`).
         optimizer: a Keras 2 optimizer of the caller's, its learning rate (or schedule) used as it
-            is; None: ``config.optim``'s, on hvdtrain's warmup schedule scaled by world size.
-    """
+            is; None: ``config.optim``'s, on hvdtrain's warmup schedule scaled by world size."""
 
     model: Optional[Union[str, Callable]] = None
     dataset: Optional[Dataset] = None
@@ -67,8 +66,7 @@ class Parts:
 
 
 class Outcome(NamedTuple):
-    """A finished run: its final metrics (the last epoch's, or the test set's), the trained model,
-    and this process's rank in the job at its end."""
+    """A finished run: final metrics (the last epoch's, or the test set's), trained model, this rank."""
 
     metrics: dict
     model: tf.keras.Model
@@ -189,10 +187,10 @@ def run(config: Config, parts: Parts = Parts()) -> Outcome:
                        model_label(parts.model or config.model.name)))
             callbacks = chief_callbacks(config, run_dir, manager, plan, optimizer, meta)
         callbacks += [cb for cb in parts.callbacks if not is_keras_callback(cb) and (ctx.is_chief or not cb.chief_only)]
-        keras_callbacks = [cb for cb in parts.callbacks if is_keras_callback(cb)]
-        if keras_callbacks:  # on every rank: they see the global metrics and decide alike (chief-only ones inside)
+        if any(map(is_keras_callback, parts.callbacks)):  # on every rank: they see global metrics, decide alike
             callbacks.append(ctx.guarded("setting up the Keras callbacks", lambda: KerasCallbacks(
-                keras_callbacks, model, optimizer, ctx.is_chief, config.epochs, plan.steps_per_epoch)))
+                [cb for cb in parts.callbacks if is_keras_callback(cb)], model, optimizer, ctx.is_chief,
+                config.epochs, plan.steps_per_epoch)))
 
         # 8. Train: the same steps on every rank.
         watchdog.beat("the first training step")

@@ -2,8 +2,8 @@
 metrics, and hooks for saving.
 
 :class:`Trainer` knows nothing of run directories or elastic jobs: what happens at a save point
-(a checkpoint, an elastic commit) is a callback's (:mod:`hvdtrain.callbacks`). One module over 400
-lines: the loop, its exact metrics and its divergence checks change together.
+(a checkpoint, an elastic commit) is a callback's (:mod:`hvdtrain.callbacks`).
+One module over 400 lines: the loop, its exact metrics and its divergence checks change together.
 """
 from __future__ import annotations
 

@@ -16,7 +16,8 @@
 #
 # -bind-to none -map-by slot: hvdtrain pins each rank to its GPU (local rank) and to its own share
 # of the host's cores itself; -x exports the environment each rank needs to every host: the paths,
-# and every HOROVOD_*, HVDTRAIN_*, NCCL_*, UCX_* and TF_CPP_* variable set here.
+# and every HOROVOD_*, HVDTRAIN_*, NCCL_*, UCX_* and TF_CPP_* variable set here, and TensorFlow's
+# TF_ENABLE_ONEDNN_OPTS and TF_USE_LEGACY_KERAS (every rank computes with the same kernels and Keras).
 set -euo pipefail
 : "${HOSTFILE:?set HOSTFILE to a hostfile (see launch/hostfile.example)}"
 [[ -f "$HOSTFILE" ]] || { echo "$0: no hostfile $HOSTFILE (from $PWD)" >&2; exit 2; }
@@ -34,7 +35,7 @@ opts=(-np "$NP" --hostfile "$HOSTFILE" -bind-to none -map-by slot --allow-run-as
 # (Not the per-process variables of a launcher this may itself run under: HOROVOD_RANK, ...)
 per_process='^HOROVOD_(RANK|SIZE|LOCAL_RANK|LOCAL_SIZE|CROSS_RANK|CROSS_SIZE|HOSTNAME|CONTROLLER|ELASTIC|GLOO_.*)$'
 for var in PATH LD_LIBRARY_PATH PYTHONPATH CUDA_VISIBLE_DEVICES \
-           $(compgen -e | grep -E '^((HOROVOD|HVDTRAIN|NCCL|UCX)_|TF_CPP_)' | grep -v -E "$per_process"); do
+           $(compgen -e | grep -E '^((HOROVOD|HVDTRAIN|NCCL|UCX)_|TF_CPP_|TF_ENABLE_ONEDNN_OPTS$|TF_USE_LEGACY_KERAS$)' | grep -v -E "$per_process"); do
   [[ -n "${!var:-}" ]] && opts+=(-x "$var")
 done
 if [[ -n "${SSH_ARGS:-}" ]]; then
