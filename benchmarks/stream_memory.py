@@ -29,7 +29,7 @@ import common  # noqa: E402
 def worker(argv) -> None:
     """One rank: train with ``argv``, then print this rank's peak RSS in MiB as JSON."""
     from hvdtrain.cli import main as hvdtrain_main
-    from hvdtrain.runtime.dist import launcher_rank
+    from hvdtrain.runtime.launcher import launcher_rank
 
     status = hvdtrain_main(argv)
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0

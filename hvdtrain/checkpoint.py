@@ -59,6 +59,37 @@ def check_resumable(path: str, meta: dict, expected: dict) -> None:
                             f"({'; '.join(differences)}); resume with the same ones")
 
 
+def damaged_file(path: str) -> str:
+    """``"<file> is damaged: "``: the file of checkpoint ``path`` that cannot be read (the index,
+    or the data file holding a tensor that cannot be read), or ``""`` where every file reads."""
+    import tensorflow as tf
+
+    prefix = os.path.join(path, "state")
+    try:
+        reader = tf.train.load_checkpoint(prefix)
+    except Exception:  # noqa: BLE001 -- any failure to read the index
+        return f"{prefix}.index is damaged: "
+    for name in reader.get_variable_to_shape_map():
+        try:
+            reader.get_tensor(name)
+        except Exception:  # noqa: BLE001 -- a tensor that cannot be read lies in a damaged data file
+            data = sorted(f for f in os.listdir(path) if f.startswith("state.data-"))
+            return f"{', '.join(os.path.join(path, f) for f in data)} (tensor {name}) is damaged: "
+    return ""
+
+
+def completed_checkpoints(directory: str) -> list:
+    """The complete checkpoints in ``directory`` as ``[(tag, path), ...]``, oldest first (none if it
+    does not exist)."""
+    found = []
+    for name in (os.listdir(directory) if os.path.isdir(directory) else []):
+        match = _NAME.match(name)
+        path = os.path.join(directory, name)
+        if match and os.path.isfile(os.path.join(path, "meta.json")):
+            found.append((int(match.group(1)), path))
+    return sorted(found)
+
+
 class DamagedCheckpoint(HvdtrainError):
     """A checkpoint whose files cannot be read back (truncated, corrupt, unparsable metadata)."""
 
@@ -132,13 +163,7 @@ class CheckpointManager:
     # ---- discovery ------------------------------------------------------------------------
     def completed(self) -> list:
         """Complete checkpoints as ``[(epoch_tag, path), ...]``, oldest first."""
-        found = []
-        for name in os.listdir(self.directory):
-            match = _NAME.match(name)
-            path = os.path.join(self.directory, name)
-            if match and os.path.isfile(os.path.join(path, "meta.json")):
-                found.append((int(match.group(1)), path))
-        return sorted(found)
+        return completed_checkpoints(self.directory)
 
     def latest(self) -> Optional[str]:
         """Path of the newest complete checkpoint, or None."""
@@ -232,5 +257,6 @@ class CheckpointManager:
             self._checkpoint.read(os.path.join(path, "state")).assert_existing_objects_matched()
         except Exception as e:  # noqa: BLE001 -- the reader raises OpError, IndexError, ValueError... on damage
             first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise DamagedCheckpoint(f"checkpoint {path} is corrupt or incompatible: {first_line}") from None
+            raise DamagedCheckpoint(f"checkpoint {path} is corrupt or incompatible: {damaged_file(path)}"
+                                    f"{first_line}") from None
         return meta

@@ -16,7 +16,7 @@ from hvdtrain.config import (AUGMENTATIONS, DATASETS, LOSSES, LR_SCHEDULES, METR
                              ConfigError)
 from hvdtrain.config_file import config_from_flat, config_to_yaml, read_config_file
 from hvdtrain.errors import Ending, HvdtrainError, RunEnded, say
-from hvdtrain.runtime.dist import launcher_rank
+from hvdtrain.runtime.launcher import launcher_rank
 from hvdtrain.runtime.signals import defer_stop_signals, install_stop_handlers, restore_default_sigterm
 
 EXIT_ERROR = 2
@@ -164,6 +164,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="synchronized BatchNorm on the CPU: TensorFlow ops instead of hvdtrain's single-pass kernels")
     g.add_argument("--horovod-nice", type=int, default=d.runtime.horovod_nice,
                    help="nice level of Horovod's threads on a CPU rank under MPI or alone (0: leave them be)")
+    g.add_argument("--deterministic", action="store_true",
+                   help="bit-identical runs at any world size: Horovod's tensor fusion off (it groups gradients by "
+                        "timing, which changes their sums' order at 3+ ranks) and TensorFlow's deterministic ops")
     g.add_argument("--horovod-cycle-time", type=float, default=d.runtime.horovod_cycle_time_ms,
                    help="ms between Horovod's looks for ready collectives (HOROVOD_CYCLE_TIME, which wins if set)")
 
@@ -195,7 +198,7 @@ FLAG_SETTINGS = {
     "checkpoint_every": "checkpoint.every_steps",
     "threads": "runtime.threads", "cpu": "runtime.cpu", "stall_timeout": "runtime.stall_timeout",
     "no_sync_bn_kernels": "!runtime.sync_bn_kernels", "horovod_nice": "runtime.horovod_nice",
-    "horovod_cycle_time": "runtime.horovod_cycle_time_ms",
+    "horovod_cycle_time": "runtime.horovod_cycle_time_ms", "deterministic": "runtime.deterministic",
     "elastic": "elastic.enabled", "commit_every": "elastic.commit_every",
 }
 _NOT_GIVEN = object()

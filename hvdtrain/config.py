@@ -306,6 +306,7 @@ class RuntimeConfig:
             its polling yields the cores to the compute (0 leaves them be; 0..19).
         horovod_cycle_time_ms: ``HOROVOD_CYCLE_TIME``, unless the environment sets it: how often
             Horovod's background thread looks for ready collectives, milliseconds (> 0).
+        deterministic: bit-identical runs at any world size (no tensor fusion, deterministic ops).
     """
 
     threads: int = 0
@@ -314,9 +315,11 @@ class RuntimeConfig:
     sync_bn_kernels: bool = True
     horovod_nice: int = 19
     horovod_cycle_time_ms: float = 0.1
+    deterministic: bool = False
 
     def __post_init__(self):
         _check_int(self.threads, "--threads", 0)
+        _check(isinstance(self.deterministic, bool), "--deterministic", "true or false", self.deterministic)
         _check(_is_number(self.stall_timeout) and self.stall_timeout >= 0, "--stall-timeout", "finite and >= 0",
                self.stall_timeout)
         _check(_is_int(self.horovod_nice) and 0 <= self.horovod_nice <= 19, "--horovod-nice", "an integer in [0, 19]",

@@ -93,7 +93,9 @@ def load_model(path: str):
     """
     import tensorflow as tf
 
-    from hvdtrain.model import sync_bn, zoo  # noqa: F401 -- registers SyncBatchNormalization, SeededDropout
-    from hvdtrain import optim  # noqa: F401 -- registers WarmupSchedule
+    from hvdtrain.model.sync_bn import SyncBatchNormalization
+    from hvdtrain.model.zoo import SeededDropout
+    from hvdtrain.optim import WarmupSchedule
 
-    return tf.keras.models.load_model(path)
+    ours = (SyncBatchNormalization, SeededDropout, WarmupSchedule)
+    return tf.keras.models.load_model(path, custom_objects={cls.__name__: cls for cls in ours})

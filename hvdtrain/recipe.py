@@ -1,12 +1,11 @@
 """The training recipe, start to end: init, pin, shard, scale LR, wrap optimizer, broadcast, train.
 
 :func:`run` is the one path a training job takes, in Horovod's order; each step says why. Whatever
-ends a run early is turned, once, into a :class:`~hvdtrain.errors.RunEnded` (:func:`_ended`).
+ends a run early is turned, once, into a :class:`~hvdtrain.errors.RunEnded` (:func:`hvdtrain.ending.run_ended`).
 """
 from __future__ import annotations
 
 import dataclasses
-import os
 from typing import Callable, List, NamedTuple, Optional, Sequence, Union
 
 import tensorflow as tf
@@ -14,17 +13,18 @@ import tensorflow as tf
 from hvdtrain import callbacks as cbs
 from hvdtrain.callbacks import split_text
 from hvdtrain.chief import banner, chief_callbacks
+from hvdtrain.checkpoint import completed_checkpoints
 from hvdtrain.config import Config
 from hvdtrain.data.datasets import Dataset, data_mismatch
 from hvdtrain.data.loading import open_dataset
 from hvdtrain.data.sharding import ShardPlan
 from hvdtrain.elastic import ElasticJob
-from hvdtrain.errors import (Ending, EveryRankError, FoundHere, HvdtrainError, PeerFailure, PeerLost, RunEnded,
-                             is_peer_loss, say)
-from hvdtrain.model import sync_bn_kernels
-from hvdtrain.model.sync_bn import SyncBatchNormalization
+from hvdtrain.ending import run_ended
+from hvdtrain.errors import Ending, EveryRankError, HvdtrainError, say
 from hvdtrain.keras_callbacks import KerasCallbacks, is_keras_callback
 from hvdtrain.losses import get_loss
+from hvdtrain.model import sync_bn_kernels
+from hvdtrain.model.sync_bn import SyncBatchNormalization
 from hvdtrain.model.zoo import build_model
 from hvdtrain.optim import build_optimizer, users_optimizer
 from hvdtrain.outputs import save_trained_model
@@ -32,7 +32,7 @@ from hvdtrain.precision import DynamicLossScale, set_precision
 from hvdtrain.rundir import (checkpoint_dir, checkpoint_meta, default_run_dir, open_run_dir,
                              restore_for_resume, write_run_config)
 from hvdtrain.runtime.dist import DistContext, current_rank, init_distributed
-from hvdtrain.runtime.signals import Terminated, defer_stop_signals, sigterm_received, stop_exception, stop_requested
+from hvdtrain.runtime.signals import defer_stop_signals
 from hvdtrain.runtime.watchdog import Watchdog
 from hvdtrain.state import TrainPosition
 from hvdtrain.task import build_objective, check_objective, expected_outputs, model_label
@@ -100,7 +100,8 @@ def run(config: Config, parts: Parts = Parts()) -> Outcome:
         ctx = init_distributed(threads=config.runtime.threads, use_gpu=not config.runtime.cpu,
                                stall_timeout=config.runtime.stall_timeout, elastic=config.elastic.enabled,
                                watchdog=watchdog, horovod_nice=config.runtime.horovod_nice,
-                               horovod_cycle_time_ms=config.runtime.horovod_cycle_time_ms)
+                               horovod_cycle_time_ms=config.runtime.horovod_cycle_time_ms,
+                               deterministic=config.runtime.deterministic)
         watchdog.arm("start-up")
         # Heartbeats to and from rank 0, so that a stall names the rank that stalled. (Not in an
         # elastic job: its ranks change, and Horovod's driver reports the workers it loses.)
@@ -211,8 +212,8 @@ def run(config: Config, parts: Parts = Parts()) -> Outcome:
         defer_stop_signals()
         if job is not None:
             run_dir = job.run_dir
-        resumable = run_dir if run_dir and os.path.isdir(checkpoint_dir(config, run_dir)) else None
-        ending = _ended(e, ctx, watchdog, resumable)
+        resumable = run_dir if run_dir and completed_checkpoints(checkpoint_dir(config, run_dir)) else None
+        ending = run_ended(e, ctx, watchdog, resumable)
         raise ending from e
     finally:
         # The run has ended, either way: while it closes its logs, SIGTERM is only recorded (a
@@ -301,100 +302,3 @@ def check_accumulation_fits_epochs(plan: ShardPlan, passes: int) -> None:
     raise EveryRankError(f"--backward-passes-per-step {passes} needs the steps per epoch to be a multiple of "
                          f"{passes} so that no update spans two epochs; here they are {plan.steps_per_epoch} "
                          f"({n} examples / global batch {plan.global_batch}){hint}")
-
-
-# ---- how a run ends ---------------------------------------------------------------------------------
-def _ended(error: BaseException, ctx: Optional[DistContext], watchdog: Watchdog,
-           run_dir: Optional[str]) -> RunEnded:
-    """How this rank leaves the run ``error`` ended (``ctx`` is None if it ended in ``hvd.init``).
-
-    Args:
-        run_dir: the run directory to ``--resume`` from (its checkpoint directory exists), or None.
-    """
-    if isinstance(error, RunEnded):
-        return error
-    if isinstance(error, PeerFailure):  # another rank found it and prints it
-        return RunEnded(Ending.QUIET, error)
-    if isinstance(error, KeyboardInterrupt) or stop_requested():
-        # Ctrl-C or SIGTERM (hvdtrain.runtime.signals), also where the interrupt cut into
-        # TensorFlow and came out as another error.
-        stopped = _stopped(ctx, watchdog, error if isinstance(error, KeyboardInterrupt) else stop_exception())
-        if isinstance(stopped, PeerLost):
-            return _lost(stopped)
-        return _interrupted(stopped, run_dir)
-    if isinstance(error, FoundHere):  # this rank's own error, which every rank agreed on
-        return _reported(error.error)
-    if isinstance(error, EveryRankError):  # alike on every rank: the rank 0 of now prints it
-        return RunEnded(Ending.REPORT if current_rank() == 0 else Ending.QUIET, error, f"hvdtrain: error: {error}")
-    if isinstance(error, PeerLost):
-        return _lost(error)
-    if is_peer_loss(error):
-        if ctx is None:  # lost before the watchdog could be asked (start-up)
-            return _lost(PeerLost("another rank failed or was lost, so Horovod shut down. The launcher names the "
-                                  "rank that failed first.", report=current_rank() == 0))
-        lost = _peer_lost(ctx, watchdog)
-        return _interrupted(lost, run_dir) if isinstance(lost, Terminated) else _lost(lost)
-    # An error of this rank alone: it prints it, and the peers learn from its heartbeat not to.
-    # It must not wait for Horovod's shutdown, which needs every rank while the others are
-    # mid-collective: it exits at once, which ends their collectives.
-    watchdog.report_failure(f"{type(error).__name__}: {error}")
-    if isinstance(error, HvdtrainError):
-        return RunEnded(Ending.ALONE, error, f"hvdtrain: error: {error}")
-    return RunEnded(Ending.ALONE, error, traceback=True)
-
-
-def _reported(error: BaseException) -> RunEnded:
-    """This rank prints ``error`` (one of the user's as a message, any other as its traceback)."""
-    if isinstance(error, HvdtrainError):
-        return RunEnded(Ending.REPORT, error, f"hvdtrain: error: {error}")
-    return RunEnded(Ending.REPORT, error, traceback=True)
-
-
-def _lost(error: PeerLost) -> RunEnded:
-    return RunEnded(Ending.REPORT if error.report else Ending.QUIET, error, f"hvdtrain: error: {error}")
-
-
-def _interrupted(interrupt: KeyboardInterrupt, run_dir: Optional[str]) -> RunEnded:
-    """Ctrl-C or SIGTERM: the rank 0 of now (an elastic job's may not be the launcher's) says where
-    the run can be resumed from."""
-    terminated = isinstance(interrupt, Terminated) or sigterm_received()
-    message = None
-    if current_rank() == 0:
-        how = "stopped by SIGTERM (a launcher's Ctrl-C, or the scheduler)" if terminated else "interrupted"
-        resume = (f"rerun the same command with --resume --log-dir {run_dir} to continue from the last one"
-                  if run_dir else "nothing was written yet")
-        message = f"hvdtrain: {how}; the checkpoints written so far are complete: {resume}"
-    return RunEnded(Ending.TERMINATED if terminated else Ending.INTERRUPTED, interrupt, message, run_dir=run_dir)
-
-
-def _peer_lost(ctx: DistContext, watchdog: Watchdog) -> BaseException:
-    """The error for a collective that failed because a peer went away, naming it when known:
-    :class:`PeerLost`, or :class:`Terminated` if the peer was stopped on purpose (a launcher
-    passing Ctrl-C on, a scheduler's SIGTERM: this rank's own comes next)."""
-    failed, lost, stopped = watchdog.lost_peers()
-    if failed:  # that rank printed its own error
-        return PeerLost(f"rank(s) {sorted(failed)} failed: {'; '.join(failed.values())}", report=False)
-    if stopped and not lost:
-        return Terminated()
-    who = f"rank {', '.join(map(str, lost))} was lost" if lost else "another rank failed or was lost"
-    report = ctx.is_chief or (0 in lost and ctx.rank == 1)
-    return PeerLost(f"{who} mid-training (its process ended or became unreachable), so Horovod shut down on "
-                    f"every rank. Resume from the last checkpoint with --resume.", report=report)
-
-
-def _stopped(ctx: Optional[DistContext], watchdog: Watchdog, interrupt: KeyboardInterrupt) -> BaseException:
-    """Ctrl-C or SIGTERM on this rank: the peers learn that it stops on purpose.
-
-    A launcher also sends SIGTERM to the other ranks when one rank dies or fails, so that rank is
-    named (:func:`_peer_lost`) instead of the stop: at once when it failed with its own error or
-    its process on this host has ended, after :meth:`Watchdog.lost_peers`' wait of heartbeat
-    silence for another host.
-
-    Returns:
-        ``interrupt``, or the :class:`PeerLost` naming the failed or lost rank.
-    """
-    if ctx is None or ctx.size == 1:
-        return interrupt
-    watchdog.report_stopped()
-    failed, lost, _ = watchdog.lost_peers()
-    return _peer_lost(ctx, watchdog) if failed or lost else interrupt

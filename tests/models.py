@@ -212,7 +212,7 @@ def nan_update_at_step_57(input_shape, num_classes):
 
 
 def _launcher_rank():
-    from hvdtrain.runtime.dist import launcher_rank
+    from hvdtrain.runtime.launcher import launcher_rank
 
     return launcher_rank()
 
@@ -310,3 +310,29 @@ def mobilenet_v2(input_shape, num_classes):
     """Keras' own MobileNetV2 (alpha 0.35, 32x32x3, no weights, logits): 52 Keras BatchNormalization layers."""
     return tf.keras.applications.MobileNetV2(input_shape=tuple(input_shape), alpha=0.35, weights=None,
                                              classes=num_classes, classifier_activation=None)
+
+
+class _KilledOnRank1After(_CountsTrainingCalls):
+    """Identity, except that rank 1's process kills itself (SIGKILL) at its 31st training call: a
+    rank lost in the first epoch, before any checkpoint."""
+
+    def __init__(self, calls, rank, **kwargs):
+        super().__init__(calls, **kwargs)
+        self.rank = rank
+
+    def counted(self, x):
+        rank, limit = self.rank, self.limit
+
+        def maybe_die(calls):
+            if rank == 1 and int(calls) > limit:
+                os.kill(os.getpid(), 9)
+            return calls
+
+        with tf.control_dependencies([tf.py_function(maybe_die, [self.calls], tf.int64)]):
+            return tf.identity(x)
+
+
+def killed_on_rank_1_in_epoch_1(input_shape, num_classes):
+    """The MLP; rank 1's process is killed at its 31st training step, before the first checkpoint."""
+    return tf.keras.Sequential([mlp(input_shape, num_classes), _KilledOnRank1After(30, _launcher_rank())],
+                               name="test_killed_on_rank_1")

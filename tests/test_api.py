@@ -60,7 +60,7 @@ def test_arrays_are_validated_as_the_loss_takes_their_labels():
     assert cifar_layout.label_shape == () and cifar_layout.num_classes == 2  # keras.datasets' (n, 1) classes
     scalar = as_dataset((x, np.arange(4.0), x, np.arange(4.0)), "targets")
     assert scalar.label_shape == (1,) and scalar.num_classes == 1  # for (batch, 1) outputs
-    with pytest.raises(HvdtrainError, match="must be integer class labels, got dtype float64"):
+    with pytest.raises(HvdtrainError, match="must be integer class labels, got dtype float64 holding whole numbers"):
         as_dataset((x, np.ones(4), x, np.ones(4)), "classes")
     with pytest.raises(HvdtrainError, match=r"takes \(x_train, y_train, x_test, y_test\) arrays, .* got tuple of 2"):
         as_dataset((x, x), None)

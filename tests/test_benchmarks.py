@@ -321,3 +321,13 @@ def test_stream_memory_peak_rss_per_rank(tmp_path):
         in_memory = [number(v) for v in r["in memory (npz): peak RSS MiB, rank 0 / 1"].split("/")]
         assert len(streamed) == len(in_memory) == 2 and min(streamed + in_memory) > 100
         assert close(max(streamed) / max(in_memory), number(r["streamed / in memory"]), rel=0.01)
+
+
+def test_deterministic_against_default(tmp_path):
+    out = script("deterministic.py", "--np", "2", "--rounds", "1", "--train-examples", "600", tmp_path=tmp_path,
+                 timeout=600)
+    ((row,),) = tables(out)
+    ratio = re.search(r"np=2 round 1: default ([\d,]+) img/s, --deterministic ([\d,]+) img/s, ratio ([\d.]+)", out)
+    assert ratio and row["np"] == "2"
+    assert close(number(ratio.group(2)) / number(ratio.group(1)), number(row["ratio (median of rounds)"]), rel=0.01)
+    assert row["ratio (median of rounds)"] == row["min"] == row["max"]

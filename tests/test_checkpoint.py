@@ -108,7 +108,12 @@ def test_corrupt_checkpoint_is_refused(tmp_path):
     data = [f for f in os.listdir(path) if f.startswith("state.data")][0]
     with open(os.path.join(path, data), "r+b") as f:
         f.truncate(10)
-    with pytest.raises(HvdtrainError, match="corrupt or incompatible"):
+    # The damaged file is named, not only its checkpoint's folder.
+    with pytest.raises(HvdtrainError, match=rf"corrupt or incompatible: {path}/{data} \(tensor .*\) is damaged: "):
+        CheckpointManager(str(tmp_path), *model_and_optimizer()).restore(path)
+    with open(os.path.join(path, "state.index"), "r+b") as f:
+        f.truncate(10)
+    with pytest.raises(HvdtrainError, match=rf"corrupt or incompatible: {path}/state.index is damaged: "):
         CheckpointManager(str(tmp_path), *model_and_optimizer()).restore(path)
     with open(os.path.join(path, "meta.json"), "w") as f:
         f.write("{not json")

@@ -49,14 +49,14 @@ def rank_pid(job: subprocess.Popen, rank: int) -> int:
 
 def start_then(signal_number, launcher, tmp_path, extra=()):
     """Start 2 ranks, wait until training runs, send ``signal_number`` to rank 1; return (rc, seconds, output)."""
-    log = tmp_path / "metrics.jsonl"
+    checkpoints = tmp_path / "checkpoints"
     job = subprocess.Popen(command(2, [*ARGS, "--log-dir", str(tmp_path), *extra], launcher), env=rank_env(),
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     victim = rank_pid(job, 1)
     deadline = time.time() + 180
-    while not log.exists() and time.time() < deadline:  # an epoch done: training is under way
+    while not list(checkpoints.glob("ckpt-*")) and time.time() < deadline:  # an epoch checkpointed: training is under way
         time.sleep(0.5)
-    assert log.exists(), "training did not start"
+    assert list(checkpoints.glob("ckpt-*")), "training did not start"
     os.kill(victim, signal_number)
     start = time.time()
     try:
@@ -115,8 +115,18 @@ def test_killed_rank_ends_the_job_with_one_clear_message(tmp_path):
     rc, seconds, out = start_then(signal.SIGKILL, "gloo", tmp_path)
     assert rc != 0 and seconds < 30, f"rc {rc} after {seconds:.0f} s"
     assert out.count("hvdtrain: error: rank 1 was lost mid-training") == 1, out[-3000:]
+    assert f"--resume --log-dir {tmp_path} to continue from its last checkpoint" in out, out[-3000:]
     assert "hvdtrain: stopped by SIGTERM" not in out, out[-3000:]
     assert not re.search(r"\[\d+\]<stderr>:Traceback", out), "a rank printed a traceback"
+
+
+def test_a_rank_lost_before_any_checkpoint_is_not_told_to_resume(tmp_path):
+    result = run_ranks(2, [*ARGS[:5], "tests.models:killed_on_rank_1_in_epoch_1", *ARGS[6:], "--log-dir",
+                           str(tmp_path)], check=False, timeout=120)
+    out = result.stdout + result.stderr
+    assert result.returncode != 0 and "rank 1 was lost mid-training" in out, out[-3000:]
+    assert "No checkpoint was written yet: rerun the same command to start again" in out, out[-3000:]
+    assert "--resume" not in out, out[-3000:]
 
 
 def test_killed_rank_under_mpirun_ends_the_job(tmp_path):

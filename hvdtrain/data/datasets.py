@@ -282,14 +282,14 @@ def validate(x_train, y_train, x_test, y_test, name: str, num_classes: int = 0,
     with np.errstate(over="ignore"):  # an overflow becomes inf, refused just below
         x_train, x_test = (x if x.dtype == np.uint8 else x.astype(np.float32) for x in (x_train, x_test))
     for key, x in (("x_train", x_train), ("x_test", x_test)):
-        if x.dtype == np.float32 and not np.all(np.isfinite(x)):
-            raise HvdtrainError(f"{name}: {key} contains NaN or Inf (or values beyond float32's range, 3.4e38)")
+        if x.dtype == np.float32:
+            check_finite(name, key, x, "example")
     if x_train.shape[1:] != x_test.shape[1:]:
         raise HvdtrainError(f"{name}: train images {x_train.shape[1:]} and test images {x_test.shape[1:]} differ in shape")
     for key, y, x in (("y_train", y_train, x_train), ("y_test", y_test, x_test)):
         if labels == CLASSES and not np.issubdtype(y.dtype, np.integer):
-            raise HvdtrainError(f"{name}: {key} must be integer class labels, got dtype {y.dtype} (targets need "
-                                f"--loss binary_crossentropy or mse)")
+            raise HvdtrainError(f"{name}: {key} must be integer class labels, got dtype {y.dtype}"
+                                + _not_integer_labels(key, y))
         if labels == TARGETS and not (np.issubdtype(y.dtype, np.integer) or np.issubdtype(y.dtype, np.floating)):
             raise HvdtrainError(f"{name}: {key} must be numeric targets, got dtype {y.dtype}")
         if y.ndim < 1:
@@ -300,7 +300,7 @@ def validate(x_train, y_train, x_test, y_test, name: str, num_classes: int = 0,
         raise HvdtrainError(f"{name}: train labels {y_train.shape[1:]} and test labels {y_test.shape[1:]} differ in "
                             f"shape")
     if labels == CLASSES:
-        num_classes = check_labels(name, y_train, y_test, num_classes)
+        num_classes = check_labels(name, y_train, y_test, num_classes, positions=True)
         y_train, y_test = y_train.astype(np.int32), y_test.astype(np.int32)
     else:
         with np.errstate(over="ignore"):
@@ -310,8 +310,7 @@ def validate(x_train, y_train, x_test, y_test, name: str, num_classes: int = 0,
         if len(y_train) == 0 or len(y_test) == 0:
             raise HvdtrainError(f"{name}: empty dataset ({len(y_train)} training, {len(y_test)} test examples)")
         for key, y in (("y_train", y_train), ("y_test", y_test)):
-            if not np.all(np.isfinite(y)):
-                raise HvdtrainError(f"{name}: {key} contains NaN or Inf (or values beyond float32's range, 3.4e38)")
+            check_finite(name, key, y, "label")
         num_classes = y_train.shape[-1] if y_train.ndim > 1 else 1
     return Dataset(
         x_train=np.ascontiguousarray(x_train),
@@ -324,13 +323,56 @@ def validate(x_train, y_train, x_test, y_test, name: str, num_classes: int = 0,
     )
 
 
-def check_labels(name: str, y_train: np.ndarray, y_test: np.ndarray, num_classes: int = 0) -> int:
+def check_finite(name: str, key: str, values: np.ndarray, what: str) -> None:
+    """Refuse NaN or Inf in ``values`` (float32), naming the first one's index (0-based) and value.
+
+    Raises:
+        HvdtrainError: ``"<name>: x_train contains NaN or Inf: example 17 (0-based) holds nan ..."``.
+    """
+    finite = np.isfinite(values)
+    if finite.all():
+        return
+    first = np.argwhere(~finite)[0]
+    raise HvdtrainError(f"{name}: {key} contains NaN or Inf (or values beyond float32's range, 3.4e38): {what} "
+                        f"{first[0]} (0-based) holds {values[tuple(first)]} at {tuple(int(i) for i in first[1:])}")
+
+
+def _not_integer_labels(key: str, y: np.ndarray) -> str:
+    """The rest of the message for float (or other) class labels: the fix for whole numbers, else
+    the first value that is not one and its index."""
+    if not np.issubdtype(y.dtype, np.floating):
+        return " (targets need --loss binary_crossentropy or mse)"
+    flat = y.reshape(len(y), -1) if y.ndim else y.reshape(1, -1)
+    fraction = ~np.isfinite(flat) | (flat != np.round(flat))
+    if not fraction.any():
+        return (f" holding whole numbers: cast it to an integer dtype ({key}.astype('int64')) to use them as "
+                f"class indices")
+    index = int(np.argwhere(fraction.any(axis=1))[0][0])
+    value = flat[index][fraction[index]][0]
+    return (f", and {key}[{index}] (0-based) holds {value}, not a class index (targets need --loss "
+            f"binary_crossentropy or mse)")
+
+
+def _where_label(value: int, y_train: np.ndarray, y_test: np.ndarray, positions: bool) -> str:
+    """Where the first label equal to ``value`` is: ``y_test[42], 0-based`` (in-memory arrays, whose
+    order is the data's), else its split (a stream's labels come from a scan, not in its order)."""
+    for key, split, y in (("y_train", "training", y_train), ("y_test", "test", y_test)):
+        hits = np.argwhere(y.reshape(len(y), -1) == value)
+        if len(hits):
+            return f"{key}[{int(hits[0][0])}], 0-based" if positions else f"the {split} split"
+    return "a label"
+
+
+def check_labels(name: str, y_train: np.ndarray, y_test: np.ndarray, num_classes: int = 0,
+                 positions: bool = False) -> int:
     """Check integer class labels and return the class count.
 
     Args:
         name: the dataset, for messages.
         y_train, y_test: integer labels ``(n,)`` of the splits.
         num_classes: label count; 0 infers ``max(label) + 1`` over both splits.
+        positions: the arrays are in the data's order, so a message names the label's index
+            (``y_test[42]``); else (a stream's scanned labels) its split.
 
     Returns:
         ``num_classes``, inferred where it was 0.
@@ -346,7 +388,9 @@ def check_labels(name: str, y_train: np.ndarray, y_test: np.ndarray, num_classes
     inferred = not num_classes
     num_classes = num_classes or high + 1
     if low < 0 or high >= num_classes:
-        raise HvdtrainError(f"{name}: labels must be in [0, {num_classes}), found range [{low}, {high}]")
+        bad = low if low < 0 else high
+        raise HvdtrainError(f"{name}: labels must be in [0, {num_classes}), found range [{low}, {high}]: "
+                            f"{bad} at {_where_label(bad, y_train, y_test, positions)}")
     if num_classes < 2:
         raise HvdtrainError(f"{name}: need at least 2 classes, labels only take the value {high}")
     if inferred:  # a corrupt label would otherwise add classes silently (a 200 among 0..9: 201 outputs)
@@ -357,7 +401,8 @@ def check_labels(name: str, y_train: np.ndarray, y_test: np.ndarray, num_classes
             first = np.setdiff1d(np.arange(min(num_classes, len(present) + 5)), present)[:5]
             shown = ", ".join(map(str, first)) + (f" and {missing - 5} more" if missing > 5 else "")
             raise HvdtrainError(f"{name}: labels must be class indices 0..K-1 with every class in the training "
-                                f"set; the labels go up to {high}, but no training example has class {shown}")
+                                f"set; the labels go up to {high} (at {_where_label(high, y_train, y_test, positions)}), "
+                                f"but no training example has class {shown}")
     return num_classes
 
 

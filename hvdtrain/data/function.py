@@ -85,7 +85,7 @@ class FunctionSplit(Split):
         return self._positioned(self.call(0), part.start, part.stop - part.start)
 
     def origin(self, image, label, key) -> str:
-        return f"{self.where}: example {int(key)} of split {self.split!r}"
+        return f"{self.where}: example {int(key)} (0-based) of split {self.split!r}"
 
 
 def check_structure(data, where: str, split: str) -> None:

@@ -310,6 +310,7 @@ def tf_message(error: Exception) -> str:
     message = getattr(error, "message", None) or str(error)
     message = re.sub(r"\{\{[^}]*\}\}", "", message.split("\n")[0])
     message = re.sub(r"^.*Iterator::\S+: ", "", message)
+    message = re.sub(r"record at (\d+)' failed with ", r"record at byte \1: ", message)  # TensorFlow's stray quote
     for marker in ("Condition x", "[Op:", "\t"):
         message = message.split(marker)[0]
     return message.strip().rstrip(".; ") or type(error).__name__

@@ -106,7 +106,7 @@ class TFRecordSplit(Split):
 
     def origin(self, serialized, key) -> str:
         key = int(key)
-        return f"{self.files[key >> 32]}: record {key & 0xFFFFFFFF}"
+        return f"{self.files[key >> 32]}: record {(key & 0xFFFFFFFF) + 1} (1-based)"
 
 
 # ---- the index ---------------------------------------------------------------------------------------
@@ -166,13 +166,15 @@ def _find_bad_record(path: str, features: dict, done: int) -> None:
             try:
                 tf.io.parse_single_example(serialized, features)
             except (tf.errors.OpError, ValueError) as e:
-                raise HvdtrainError(f"{path}: record {record}: {tf_message(e)} (keys: --tfrecord-image-key "
-                                    f"{list(features)[0]}, --tfrecord-label-key {list(features)[1]})") from None
+                raise HvdtrainError(f"{path}: record {record + 1} (1-based): {tf_message(e)} (keys: "
+                                    f"--tfrecord-image-key {list(features)[0]}, --tfrecord-label-key "
+                                    f"{list(features)[1]})") from None
             record += 1
     except (tf.errors.NotFoundError, tf.errors.PermissionDeniedError) as e:
         raise HvdtrainError(f"{path}: cannot read it ({tf_message(e)})") from None
     except tf.errors.OpError as e:
-        raise HvdtrainError(f"{path}: truncated or corrupt after record {record} ({tf_message(e)})") from None
+        raise HvdtrainError(f"{path}: record {record + 1} (1-based) is truncated or corrupt, after {record} good "
+                            f"record(s) ({tf_message(e)})") from None
     raise HvdtrainError(f"{path}: cannot be read (TFRecord)")
 
 

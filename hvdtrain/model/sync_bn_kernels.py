@@ -58,7 +58,7 @@ def _library():
     if not _enabled:
         return None
     if not os.path.exists(LIBRARY):  # an install without scripts/setup.sh (pip install .): said once, by rank 0
-        from hvdtrain.runtime.dist import launcher_rank
+        from hvdtrain.runtime.launcher import launcher_rank
 
         if launcher_rank() == 0:
             say(f"hvdtrain: note: SyncBatchNormalization's CPU kernels are not built for TensorFlow {tf.__version__}; "

@@ -18,26 +18,11 @@ import numpy as np
 
 from hvdtrain.errors import EveryRankError, FoundHere, HvdtrainError, PeerFailure, say
 from hvdtrain.runtime import placement
+from hvdtrain.runtime.determinism import make_deterministic
 from hvdtrain.runtime.devices import check_started_devices, runtime_started
+from hvdtrain.runtime.launcher import launcher_rank
 
 T = TypeVar("T")
-
-# Environment variables through which the common launchers tell a process its global rank, read
-# before Horovod starts (to print argument errors once, from rank 0 only).
-_RANK_ENV_VARS = ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID")
-
-
-def launcher_rank() -> int:
-    """The global rank the launcher gave this process, read from the environment.
-
-    Usable before ``hvd.init()`` (e.g. for argument errors). Returns 0 when no launcher variable is
-    set, i.e. for a plain ``python -m hvdtrain``.
-    """
-    for name in _RANK_ENV_VARS:
-        value = os.environ.get(name, "")
-        if value.isdigit():
-            return int(value)
-    return 0
 
 
 def current_rank() -> int:
@@ -250,7 +235,7 @@ class DistContext:
 
 def init_distributed(threads: int = 0, use_gpu: bool = True, stall_timeout: float = 0.0,
                      elastic: bool = False, watchdog=None, horovod_nice: int = 19,
-                     horovod_cycle_time_ms: float = 0.1) -> DistContext:
+                     horovod_cycle_time_ms: float = 0.1, deterministic: bool = False) -> DistContext:
     """Start Horovod and pin this process to its own GPU (or its own CPU cores).
 
     Best called before any TensorFlow op: device visibility and thread pools are fixed once
@@ -274,6 +259,8 @@ def init_distributed(threads: int = 0, use_gpu: bool = True, stall_timeout: floa
             (:func:`hvdtrain.runtime.placement.yield_to_compute`); 0 leaves them be.
         horovod_cycle_time_ms: ``HOROVOD_CYCLE_TIME`` unless the environment sets it: how often
             Horovod's background thread looks for ready collectives, milliseconds.
+        deterministic: make every collective and op deterministic (see below), for bit-identical
+            runs at any world size.
 
     Returns:
         The :class:`DistContext` for this process.
@@ -292,6 +279,8 @@ def init_distributed(threads: int = 0, use_gpu: bool = True, stall_timeout: floa
     # synchronized BatchNorm layer waits for two small allreduces per step, so a shorter cycle
     # pays that latency less often. A user's own setting wins.
     os.environ.setdefault("HOROVOD_CYCLE_TIME", f"{horovod_cycle_time_ms:g}")
+    if deterministic:
+        make_deterministic()
     if stall_timeout > 0:  # Horovod's own report of missing ranks, while its coordinator can still run
         os.environ.setdefault("HOROVOD_STALL_CHECK_TIME_SECONDS", str(max(1, int(stall_timeout // 2))))
     if elastic:

@@ -95,16 +95,22 @@ def test_npz_keras_layout(tmp_path):
 @pytest.mark.parametrize("overrides, message", [
     (dict(y_test=None), r"missing key\(s\) \['y_test'\]"),
     (dict(x_train=np.array([object()] * 12, dtype=object)), "cannot load without unpickling"),
-    (dict(y_train=np.arange(12, dtype=np.float32)), "y_train must be integer class labels, got dtype float32"),
+    (dict(y_train=np.arange(12, dtype=np.float32)),
+     r"y_train must be integer class labels, got dtype float32 holding whole numbers: cast it to an integer dtype"),
+    (dict(y_train=np.r_[np.arange(11), 3.5].astype(np.float32)),
+     r"got dtype float32, and y_train\[11\] \(0-based\) holds 3.5, not a class index"),
     (dict(x_train=np.zeros((12, 6), np.uint8)), r"x_train must have shape \(n, H, W\[, C\]\)"),
     (dict(y_train=np.arange(11)), "12 images but 11 labels"),
-    (dict(y_train=np.arange(12) - 1), r"labels must be in \[0, 11\), found range \[-1, 10\]"),
+    (dict(y_train=np.arange(12) - 1), r"labels must be in \[0, 11\), found range \[-1, 10\]: -1 at y_train\[0\], 0-based"),
+    # The largest label is named where it is: in the test split.
+    (dict(y_test=np.r_[np.arange(4), 11]), r"the labels go up to 11 \(at y_test\[4\], 0-based\), but no training"),
     (dict(x_train=np.zeros((0, 6, 6), np.uint8), y_train=np.zeros(0, np.int64)), "empty dataset"),
-    (dict(x_train=np.full((12, 6, 6), np.nan)), "NaN or Inf"),
+    (dict(x_train=np.r_[np.zeros((7, 6, 6)), np.full((5, 6, 6), np.nan)]), r"NaN or Inf .*: example 7 \(0-based\) holds nan"),
     (dict(x_test=np.full((5, 6, 6), 1e39)), r"x_test contains NaN or Inf \(or values beyond float32's range"),
     # A corrupt label far beyond the classes is named without counting up to it.
     (dict(y_train=np.r_[np.arange(11) % 4, 2 ** 40]),
-     r"the labels go up to 1099511627776, but no training example has class 4, 5, 6, 7, 8 and 1099511627767 more"),
+     r"the labels go up to 1099511627776 \(at y_train\[11\], 0-based\), but no training example has class 4, 5, 6, 7, "
+     r"8 and 1099511627767 more"),
 ])
 def test_npz_errors(tmp_path, overrides, message):
     with pytest.raises(HvdtrainError, match=message):

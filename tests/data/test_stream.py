@@ -113,14 +113,14 @@ def test_tfrecord_bad_files_name_the_file_and_record(tmp_path):
     data = open(train[1], "rb").read()
     with open(train[1], "wb") as f:
         f.write(data[:-20])
-    with pytest.raises(HvdtrainError, match=r"train-00001: truncated or corrupt after record 3"):
+    with pytest.raises(HvdtrainError, match=r"train-00001: record 4 \(1-based\) is truncated or corrupt, after 3 good record\(s\)"):
         open_records(tmp_path)
     with tf.io.TFRecordWriter(train[1]) as writer:
         png = tf.io.encode_png(np.zeros((4, 4, 1), np.uint8)).numpy()
         writer.write(make_tfrecords._example(tf, png, 1, "c", "a.png").SerializeToString())
         writer.write(tf.train.Example(features=tf.train.Features(feature={
             "image/encoded": tf.train.Feature(bytes_list=tf.train.BytesList(value=[png]))})).SerializeToString())
-    with pytest.raises(HvdtrainError, match=r"train-00001: record 1: .*image/class/label"):
+    with pytest.raises(HvdtrainError, match=r"train-00001: record 2 \(1-based\): .*image/class/label"):
         open_records(tmp_path)
 
 
@@ -129,7 +129,7 @@ def test_tfrecord_label_beyond_the_classes(tmp_path):
     write_records(tmp_path, [2], prefix="test")
     with pytest.raises(HvdtrainError, match=r"no training example has class 3, 4, 5, 6, 7 and 4 more"):
         open_records(tmp_path)
-    with pytest.raises(HvdtrainError, match=r"labels must be in \[0, 3\), found range \[0, 12\]"):
+    with pytest.raises(HvdtrainError, match=r"labels must be in \[0, 3\), found range \[0, 12\]: 12 at the training split"):
         open_records(tmp_path, num_classes=3)
 
 
@@ -290,4 +290,4 @@ def test_data_function_label_out_of_range_names_the_example():
     with pytest.raises(tf.errors.OpError) as raised:
         list(batches)
     error = str(dataset.failed_step(raised.value, plan, 0, 0, 0))
-    assert "example 2 of split 'train'" in error and "label not below the 3 classes" in error, error
+    assert "example 2 (0-based) of split 'train'" in error and "label not below the 3 classes" in error, error

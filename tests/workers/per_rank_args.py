@@ -5,7 +5,7 @@ import os
 import sys
 
 from hvdtrain.cli import main
-from hvdtrain.runtime.dist import launcher_rank
+from hvdtrain.runtime.launcher import launcher_rank
 
 fields = {"{rank}": str(launcher_rank()), "{host}": os.environ.get("HOROVOD_HOSTNAME", "")}
 args = sys.argv[1:]

@@ -9,7 +9,7 @@ import time
 import tensorflow as tf
 
 from hvdtrain.cli import main
-from hvdtrain.runtime.dist import launcher_rank
+from hvdtrain.runtime.launcher import launcher_rank
 
 if launcher_rank() == 1:
     tf.config.list_physical_devices = lambda *args, **kwargs: time.sleep(3600)

@@ -1,0 +1,70 @@
+"""What --deterministic costs: training img/s with and without it, side by side in one run.
+
+    .venv/bin/python benchmarks/deterministic.py                 # np=2 and np=3, 3 rounds
+    .venv/bin/python benchmarks/deterministic.py --np 3 --rounds 5
+
+``--deterministic`` turns Horovod's tensor fusion off (each tensor allreduced alone, so every
+element's sum has one order at any world size) and TensorFlow's op determinism on. Each round runs
+the default job (seed CNN, synchronized BatchNorm, ``horovodrun --gloo``) on the first
+``--train-examples`` Fashion-MNIST images, in memory, for 2 epochs, once each way in turn; the
+figure is the last epoch's img/s, and the ratio deterministic / default per round (median over
+rounds printed). np=3 oversubscribes a 2-core machine: its ranks share cores.
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+import common  # noqa: E402
+
+
+def job(np_: int, data: str, log_dir: str, deterministic: bool) -> float:
+    """The last epoch's img/s of one run."""
+    args = ["-m", "hvdtrain", "--dataset", "npz", "--data-dir", data, "--epochs", "2", "--no-progress",
+            "--log-dir", log_dir, *(["--deterministic"] if deterministic else [])]
+    done = subprocess.run(common.launch_command(np_, args), env=common.env_for_ranks(), capture_output=True,
+                          text=True, timeout=1800)
+    if done.returncode != 0:
+        raise SystemExit(done.stdout[-2000:] + done.stderr[-3000:])
+    with open(os.path.join(log_dir, "metrics.jsonl")) as f:
+        return [json.loads(line) for line in f][-1]["images_per_sec"]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--np", type=int, nargs="+", default=[2, 3])
+    p.add_argument("--rounds", type=common.at_least(1), default=3)
+    p.add_argument("--train-examples", type=common.at_least(600), default=12000)
+    a = p.parse_args()
+    from hvdtrain.data.datasets import DEFAULT_DATA_DIR, load_idx_dir
+
+    d = load_idx_dir(DEFAULT_DATA_DIR)
+    with tempfile.TemporaryDirectory() as tmp:
+        data = os.path.join(tmp, "data.npz")
+        np.savez(data, x_train=d.x_train[:a.train_examples], y_train=d.y_train[:a.train_examples],
+                 x_test=d.x_test[:2000], y_test=d.y_test[:2000])
+        rows = []
+        for np_ in a.np:
+            defaults, deterministics, ratios = [], [], []
+            for r in range(a.rounds):
+                defaults.append(job(np_, data, os.path.join(tmp, f"np{np_}-{r}-default"), False))
+                deterministics.append(job(np_, data, os.path.join(tmp, f"np{np_}-{r}-det"), True))
+                ratios.append(deterministics[-1] / defaults[-1])
+                print(f"np={np_} round {r + 1}: default {defaults[-1]:,.0f} img/s, --deterministic "
+                      f"{deterministics[-1]:,.0f} img/s, ratio {ratios[-1]:.3f}", flush=True)
+            rows.append([np_, f"{statistics.median(defaults):,.0f}", f"{statistics.median(deterministics):,.0f}",
+                         f"{statistics.median(ratios):.3f}", f"{min(ratios):.3f}", f"{max(ratios):.3f}"])
+        common.print_table(["np", "default img/s", "--deterministic img/s", "ratio (median of rounds)", "min", "max"],
+                           rows, title=f"{a.train_examples:,} images, seed CNN, 2 epochs, last epoch's img/s, "
+                                       f"{a.rounds} round(s)")
+
+if __name__ == "__main__":
+    main()

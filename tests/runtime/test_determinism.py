@@ -1,0 +1,74 @@
+"""--deterministic: the same command twice at world size 3 gives bit-identical metrics and weights,
+in memory and streamed, with synchronized BatchNorm (without it, tensor fusion's timing changes
+the order of each gradient's sum at 3+ ranks)."""
+import json
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from hvdtrain.config import DEFAULT_DATA_DIR
+from hvdtrain.data.datasets import load_idx_dir
+from hvdtrain.runtime.launcher import launcher_world_size
+from tests.image_files import write_image_folder
+from tests.ranks import run_ranks
+
+TIMING = ("images_per_sec", "epoch_time_s")
+
+
+def _run(tmp_path, name, data_args):
+    log_dir = tmp_path / name
+    run_ranks(3, ["-m", "hvdtrain", *data_args, "--epochs", "2", "--batch-size", "50", "--no-progress",
+                  "--deterministic", "--log-dir", str(log_dir)], timeout=600)
+    return log_dir
+
+
+def _metrics(log_dir):
+    return [{k: v for k, v in json.loads(line).items() if k not in TIMING}
+            for line in (log_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def _weights(log_dir):
+    [latest] = sorted((log_dir / "checkpoints").glob("ckpt-*"))[-1:]
+    reader = tf.train.load_checkpoint(str(latest / "state"))
+    return {name: reader.get_tensor(name) for name in reader.get_variable_to_shape_map()}
+
+
+@pytest.fixture(scope="module")
+def fashion_folder(tmp_path_factory):
+    d = load_idx_dir(DEFAULT_DATA_DIR)
+    root = tmp_path_factory.mktemp("folder")
+    return str(write_image_folder(str(root / "images"), d.x_train[:1500], d.y_train[:1500], d.x_test[:300],
+                                  d.y_test[:300], fmt="png"))
+
+
+@pytest.mark.parametrize("kind", ["in memory", "streamed"])
+def test_the_same_command_twice_at_three_ranks_is_bit_identical(tmp_path, kind, fashion_folder):
+    data = (["--dataset", "synthetic"] if kind == "in memory" else
+            ["--dataset", "folder", "--data-dir", fashion_folder, "--augment", "flip"])
+    first, second = _run(tmp_path, "first", data), _run(tmp_path, "second", data)
+    assert _metrics(first) == _metrics(second)
+    ours, theirs = _weights(first), _weights(second)
+    assert ours.keys() == theirs.keys() and len(ours) > 10
+    for name in ours:
+        np.testing.assert_array_equal(ours[name], theirs[name], err_msg=name)
+
+
+def test_a_fusion_threshold_that_contradicts_it_is_refused(tmp_path):
+    result = run_ranks(3, ["-m", "hvdtrain", "--dataset", "synthetic", "--epochs", "1", "--deterministic",
+                           "--log-dir", str(tmp_path / "refused")], env={"HOROVOD_FUSION_THRESHOLD": "67108864"},
+                       timeout=300, check=False)
+    assert result.returncode != 0
+    assert "--deterministic turns Horovod's tensor fusion off, but HOROVOD_FUSION_THRESHOLD=67108864 asks for it" \
+        in result.stderr
+
+
+def test_the_world_size_is_read_from_the_launcher(monkeypatch):
+    for name in ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID", "HOROVOD_SIZE",
+                 "OMPI_COMM_WORLD_SIZE", "PMIX_SIZE", "PMI_SIZE", "SLURM_NTASKS"):
+        monkeypatch.delenv(name, raising=False)
+    assert launcher_world_size() == 1
+    monkeypatch.setenv("OMPI_COMM_WORLD_RANK", "2")
+    assert launcher_world_size() is None  # a launcher that does not say: fusion goes off, to be safe
+    monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "4")
+    assert launcher_world_size() == 4
