@@ -44,6 +44,9 @@ class Callback:
 
     def on_epoch_end(self, epoch: int, metrics: dict) -> None: ...
 
+    def on_train_end(self) -> None:
+        """After the last epoch trained (on every rank), before the trained model is saved."""
+
     def on_evaluation_only(self, position: TrainPosition, metrics: dict) -> None:
         """A run with nothing left to train evaluated the model at ``position``."""
 

@@ -165,8 +165,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--horovod-nice", type=int, default=d.runtime.horovod_nice,
                    help="nice level of Horovod's threads on a CPU rank under MPI or alone (0: leave them be)")
     g.add_argument("--deterministic", action="store_true",
-                   help="bit-identical runs at any world size: Horovod's tensor fusion off (it groups gradients by "
-                        "timing, which changes their sums' order at 3+ ranks) and TensorFlow's deterministic ops")
+                   help="the same command repeats bit for bit at any world size: Horovod's tensor fusion off at 3+ "
+                        "ranks (it groups gradients by timing, which changes their sums' order) and TensorFlow's "
+                        "deterministic ops")
     g.add_argument("--horovod-cycle-time", type=float, default=d.runtime.horovod_cycle_time_ms,
                    help="ms between Horovod's looks for ready collectives (HOROVOD_CYCLE_TIME, which wins if set)")
 

@@ -18,7 +18,7 @@ import tensorflow as tf
 from hvdtrain.callbacks import Callback
 from hvdtrain.errors import HvdtrainError
 
-# Callbacks whose side effects are files or progress lines: rank 0's alone.
+# Callbacks whose side effects are files or progress lines: rank 0's alone (subclasses too).
 CHIEF_ONLY = ("ModelCheckpoint", "CSVLogger", "ProgbarLogger", "RemoteMonitor")
 # Callbacks whose job hvdtrain does itself, differently: refused, with what to use instead.
 REFUSED = {
@@ -30,16 +30,32 @@ REFUSED = {
 SETS_LR = ("ReduceLROnPlateau", "LearningRateScheduler")
 
 
+def _kind(callback, names) -> str:
+    """The name among ``names`` of the ``tf.keras.callbacks`` class ``callback`` is (or subclasses), or ""."""
+    for name in names:
+        cls = getattr(tf.keras.callbacks, name, None)
+        if cls is not None and isinstance(callback, cls):
+            return name
+    return ""
+
+
 def is_keras_callback(callback) -> bool:
     """Whether ``callback`` is a ``tf.keras.callbacks.Callback`` (rather than an hvdtrain one)."""
     return isinstance(callback, tf.keras.callbacks.Callback)
 
 
+# Rank-local figures (each rank times itself): left out, so that every callback decides alike.
+RANK_LOCAL = ("images_per_sec", "epoch_time_s")
+
+
 def keras_logs(metrics: dict) -> dict:
-    """hvdtrain's epoch metrics under Keras' names: ``train_loss`` -> ``loss``, ``test_accuracy`` ->
-    ``val_accuracy``, ``lr`` as ``lr`` and ``learning_rate``; the rest as they are."""
+    """hvdtrain's global epoch metrics under Keras' names: ``train_loss`` -> ``loss``,
+    ``test_accuracy`` -> ``val_accuracy``, ``lr`` as ``lr`` and ``learning_rate``; the rest as they
+    are, but for the rank-local timings."""
     logs = {}
     for key, value in metrics.items():
+        if key in RANK_LOCAL:
+            continue
         if key.startswith("train_") and key != "train_examples":
             logs[key[len("train_"):]] = value
         elif key.startswith("test_"):
@@ -54,7 +70,8 @@ def keras_logs(metrics: dict) -> dict:
 class _ModelView:
     """The model as Keras callbacks reach it (``self.model``): the trained model's methods and
     weights, the run's optimizer as ``optimizer``, and ``stop_training``. A view, so that the
-    optimizer (Horovod's wrapper) is not made part of the model, whose saved file must not hold it."""
+    optimizer (Horovod's wrapper) is not made part of the model, whose saved file must not hold it;
+    it is no ``tf.keras.Model`` itself (a callback that checks ``isinstance`` refuses it)."""
 
     def __init__(self, model, optimizer):
         object.__setattr__(self, "_model", model)
@@ -92,16 +109,17 @@ class KerasCallbacks(Callback):
 
     def __init__(self, callbacks: Sequence, model, optimizer, is_chief: bool, epochs: int, steps: int):
         for cb in callbacks:
-            name = type(cb).__name__
-            if name in REFUSED and type(cb).__module__.startswith(("tf_keras", "keras")):
+            name = _kind(cb, REFUSED)
+            if name:
                 raise HvdtrainError(f"hvdtrain.fit(callbacks=...): tf.keras.callbacks.{name} is not supported: {REFUSED[name]}")
-            if name in SETS_LR and isinstance(getattr(optimizer, "_learning_rate", None),
-                                              tf.keras.optimizers.schedules.LearningRateSchedule):
+            name = _kind(cb, SETS_LR)
+            if name and isinstance(getattr(optimizer, "_learning_rate", None),
+                                   tf.keras.optimizers.schedules.LearningRateSchedule):
                 raise HvdtrainError(
                     f"hvdtrain.fit(callbacks=...): {name} sets the optimizer's learning rate, but the optimizer's rate "
                     f"follows a LearningRateSchedule (hvdtrain's warmup schedule, or your own): pass your own "
                     f"optimizer with a number as its learning rate, e.g. optimizer=tf.keras.optimizers.SGD(0.1)")
-        self.callbacks: List = [cb for cb in callbacks if is_chief or type(cb).__name__ not in CHIEF_ONLY]
+        self.callbacks: List = [cb for cb in callbacks if is_chief or not _kind(cb, CHIEF_ONLY)]
         self.view = _ModelView(model, optimizer)
         for cb in self.callbacks:
             if not is_chief and hasattr(cb, "verbose"):
@@ -136,8 +154,11 @@ class KerasCallbacks(Callback):
         for cb in self.callbacks:
             cb.on_epoch_end(epoch, logs)
 
-    def close(self):
+    def on_train_end(self):
         if self._began:
             self._began = False
-            for cb in self.callbacks:  # CSVLogger closes its file here
+            for cb in self.callbacks:  # EarlyStopping restores its best weights, CSVLogger closes its file
                 cb.on_train_end(dict(self._logs))
+
+    def close(self):
+        self.on_train_end()  # a run that failed: files closed all the same

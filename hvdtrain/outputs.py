@@ -31,7 +31,10 @@ def save_trained_model(model, run_dir: str) -> Optional[str]:
         fsync_dir(run_dir)
     except Exception as e:  # noqa: BLE001 -- reported: the run itself succeeded
         if os.path.exists(tmp):
-            os.remove(tmp)
+            try:
+                os.remove(tmp)
+            except OSError:
+                pass
         say(f"hvdtrain: warning: could not save the trained model to {path} ({type(e).__name__}: "
             f"{str(e).strip().splitlines()[0] if str(e).strip() else ''}); its weights are in the checkpoints",
             sys.stderr)
@@ -42,30 +45,39 @@ def save_trained_model(model, run_dir: str) -> Optional[str]:
 class Curves(Callback):
     """Draws ``<log_dir>/curves.png`` after every epoch: the loss and each metric per epoch, train
     and test, one panel each, from ``metrics.jsonl`` (so a resumed run's picture holds every epoch).
-    Drawn with matplotlib's non-interactive Agg backend, written by a rename."""
+    Drawn on matplotlib's Agg canvas (not pyplot, which would change a notebook's backend), written
+    by a rename; a failure to draw is one warning, and training goes on."""
 
     def __init__(self, log_dir: str):
         self.log_dir = log_dir
+        self._failed = False
 
     def on_epoch_end(self, epoch, metrics):
         import json
 
+        if self._failed:
+            return
         records = [json.loads(line) for _, line in logged_epochs(os.path.join(self.log_dir, "metrics.jsonl"))]
-        if records:
-            draw_curves(records, os.path.join(self.log_dir, CURVES_FILE))
+        try:
+            if records:
+                draw_curves(records, os.path.join(self.log_dir, CURVES_FILE))
+        except Exception as e:  # noqa: BLE001 -- a picture is not worth a run: said once, then no more tries
+            self._failed = True
+            say(f"hvdtrain: warning: cannot draw {CURVES_FILE} ({type(e).__name__}: {e}); training goes on",
+                sys.stderr)
 
 
 def draw_curves(records: list, path: str) -> None:
     """Plot ``records`` (``metrics.jsonl``'s epoch objects) to the PNG ``path`` (see :class:`Curves`)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.backends.backend_agg import FigureCanvasAgg  # no pyplot: the caller's backend stays
+    from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator
 
     names = [key[len("test_"):] for key in records[-1] if key.startswith("test_")]
     epochs = [r["epoch"] for r in records]
-    fig, axes = plt.subplots(1, len(names), figsize=(4.5 * len(names), 3.5), squeeze=False)
+    fig = Figure(figsize=(4.5 * len(names), 3.5))
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(1, len(names), squeeze=False)
     for ax, name in zip(axes[0], names):
         for split in ("train", "test"):
             values = [r.get(f"{split}_{name}") for r in records]
@@ -79,7 +91,6 @@ def draw_curves(records: list, path: str) -> None:
     fig.tight_layout()
     tmp = path + ".tmp.png"
     fig.savefig(tmp, dpi=80)
-    plt.close(fig)
     os.replace(tmp, path)
 
 

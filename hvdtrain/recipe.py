@@ -188,8 +188,8 @@ def run(config: Config, parts: Parts = Parts()) -> Outcome:
                        model_label(parts.model or config.model.name)))
             callbacks = chief_callbacks(config, run_dir, manager, plan, optimizer, meta)
         callbacks += [cb for cb in parts.callbacks if not is_keras_callback(cb) and (ctx.is_chief or not cb.chief_only)]
-        if any(map(is_keras_callback, parts.callbacks)):  # on every rank: they see global metrics, decide alike
-            callbacks.append(ctx.guarded("setting up the Keras callbacks", lambda: KerasCallbacks(
+        if any(map(is_keras_callback, parts.callbacks)):  # every rank, first: a rate they set is checkpointed
+            callbacks.insert(0, ctx.guarded("setting up the Keras callbacks", lambda: KerasCallbacks(
                 [cb for cb in parts.callbacks if is_keras_callback(cb)], model, optimizer, ctx.is_chief,
                 config.epochs, plan.steps_per_epoch)))
 
@@ -204,7 +204,8 @@ def run(config: Config, parts: Parts = Parts()) -> Outcome:
             say(f"hvdtrain: a callback stopped training after epoch {trainer.stopped_after} of {config.epochs}")
         if ctx.is_chief and "train_loss" not in metrics:
             say(split_text(metrics, "test"))
-        elif ctx.is_chief:  # the trained model, for tf.keras.models.load_model
+        elif ctx.is_chief:  # the trained model, for hvdtrain.load_model (no stall: a large file takes long)
+            watchdog.pause("saving the trained model", 3600.0)
             save_trained_model(model, run_dir)
         return Outcome(metrics, model, ctx.rank)
     except BaseException as e:  # noqa: BLE001 -- every way a run can end is classified, once

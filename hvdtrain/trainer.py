@@ -398,6 +398,8 @@ class Trainer:
             if epoch + 1 < epochs and self._stop_requested(epoch):
                 self.stopped_after = epoch + 1
                 break
+        for cb in self.callbacks:  # Keras' EarlyStopping restores its best weights here, before any save
+            cb.on_train_end()
         if not metrics:  # nothing left to train (epochs reached): report the test metrics
             test = self.evaluate()
             metrics = {**prefixed("test", test), "world_size": self.ctx.size}

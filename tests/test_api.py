@@ -64,3 +64,26 @@ def test_arrays_are_validated_as_the_loss_takes_their_labels():
         as_dataset((x, np.ones(4), x, np.ones(4)), "classes")
     with pytest.raises(HvdtrainError, match=r"takes \(x_train, y_train, x_test, y_test\) arrays, .* got tuple of 2"):
         as_dataset((x, x), None)
+
+
+def test_streamed_data_takes_two_datasets_or_a_function_and_refuses_one_dataset():
+    import tensorflow as tf
+
+    from hvdtrain.api import streamed_data
+    from hvdtrain.data.function import check_structure, datasets_function
+
+    train = tf.data.Dataset.from_tensor_slices((np.zeros((6, 4, 4, 1), np.uint8), np.arange(6) % 2))
+    assert streamed_data((train, train))[1:] == ("hvdtrain.fit(data=(train, test))", "tf.data:(train, test)")
+    fn, where, name = streamed_data(test_streamed_data_takes_two_datasets_or_a_function_and_refuses_one_dataset)
+    assert name.startswith("tests.test_api:test_streamed") and where.startswith("hvdtrain.fit(data=test_streamed")
+    assert streamed_data((np.zeros(2),) * 4) is None  # arrays: in memory
+    with pytest.raises(HvdtrainError, match="got one tf.data.Dataset; pass \\(train, test\\)"):
+        streamed_data(train)
+    # Every rank shuffles the training set alike for a (seed, epoch), and another epoch otherwise;
+    # the test set keeps its order.
+    fn = datasets_function(train, train, shuffle_buffer=100)
+    order = [[int(y) for _, y in fn("train", rank, 2, 0, epoch)] for rank, epoch in ((0, 0), (1, 0), (0, 1))]
+    assert order[0] == order[1] and sorted(order[0]) == sorted(order[2])
+    assert [int(y) for _, y in fn("test", 0, 2, 0, 0)] == [0, 1, 0, 1, 0, 1]
+    with pytest.raises(HvdtrainError, match="the dataset is batched"):
+        check_structure(train.batch(2), "hvdtrain.fit(data=(train, test))", "train")

@@ -333,14 +333,15 @@ def check_finite(name: str, key: str, values: np.ndarray, what: str) -> None:
     if finite.all():
         return
     first = np.argwhere(~finite)[0]
+    at = f" at {tuple(int(i) for i in first[1:])}" if len(first) > 1 else ""
     raise HvdtrainError(f"{name}: {key} contains NaN or Inf (or values beyond float32's range, 3.4e38): {what} "
-                        f"{first[0]} (0-based) holds {values[tuple(first)]} at {tuple(int(i) for i in first[1:])}")
+                        f"{first[0]} (0-based) holds {values[tuple(first)]}{at}")
 
 
 def _not_integer_labels(key: str, y: np.ndarray) -> str:
     """The rest of the message for float (or other) class labels: the fix for whole numbers, else
     the first value that is not one and its index."""
-    if not np.issubdtype(y.dtype, np.floating):
+    if not np.issubdtype(y.dtype, np.floating) or y.size == 0:
         return " (targets need --loss binary_crossentropy or mse)"
     flat = y.reshape(len(y), -1) if y.ndim else y.reshape(1, -1)
     fraction = ~np.isfinite(flat) | (flat != np.round(flat))

@@ -135,7 +135,9 @@ def open_function(spec: Union[str, Callable], rank: int, world_size: int, seed: 
     """Open the user's data function ``spec`` as a :class:`StreamingDataset`.
 
     Calls it for each split at epoch 0 and reads each through once where its size (or, without
-    ``num_classes``, its labels) is not known otherwise.
+    ``num_classes``, its labels) is not known otherwise. The labels read, in their order, enter
+    the data's fingerprint, which every rank compares with rank 0's: a rank whose dataset gives
+    another order at epoch 0 (an unseeded shuffle, ``Dataset.list_files``) is refused.
 
     Args:
         spec: ``package.module:function`` (``--data``), or the function itself (``hvdtrain.fit(data=fn)``).
@@ -179,6 +181,9 @@ def open_function(spec: Union[str, Callable], rank: int, world_size: int, seed: 
     else:
         num_classes = check_labels(name, labels["train"], labels["test"], 0)
     digest = hashlib.blake2b(f"{spec}:{train.shape}:{train.image_dtype.name}".encode(), digest_size=16)
+    for split in ("train", "test"):  # the labels in the order read: ranks that read another order differ here
+        if labels[split] is not None:
+            digest.update(np.ascontiguousarray(labels[split]).tobytes())
     view = ImageView(0, "none", train.shape)
     opened = StreamingDataset(name, train, test, num_classes, view, seed, {"digest": digest.hexdigest()})
     opened.label_shape = train.label_shape

@@ -41,9 +41,11 @@ def convert_sync_batchnorm(model: tf.keras.Model) -> tf.keras.Model:
 
     Each new layer takes the old one's ``get_config()`` (axis, momentum, epsilon, center, scale,
     initializers, regularizers, constraints, name, dtype policy, trainable) and, if the old one was
-    built, its gamma, beta, moving mean and moving variance. Where Keras' layer would use its fused
-    kernel (4-D inputs), which tracks the unbiased batch variance, the new layer does too
-    (``unbiased_moving_variance=True``), so the moving statistics mean what they meant.
+    built, its gamma, beta, moving mean and moving variance. Where a built Keras layer uses its
+    fused kernel (4-D inputs), which tracks the unbiased batch variance, the new layer does too
+    (``unbiased_moving_variance=True``), so the moving statistics mean what they meant (a layer
+    never built has not chosen its kernel yet: its copy tracks the biased variance). A layer held
+    in two places stays one layer.
     ``fused`` and Keras' own ``synchronized`` flag are dropped: Keras' synchronization needs a
     ``tf.distribute`` strategy and does nothing under Horovod.
 
@@ -63,7 +65,7 @@ def convert_sync_batchnorm(model: tf.keras.Model) -> tf.keras.Model:
     require_keras2(model)
     if not isinstance(model, tf.keras.Model):
         raise HvdtrainError(f"convert_sync_batchnorm takes a tf.keras.Model, got {type(model).__name__}")
-    converted = _converted(model)
+    converted = _converted(model, {})
     left = keras_batch_norm_layers(converted)
     if left:
         raise HvdtrainError(f"convert_sync_batchnorm: cannot replace the batch norm layer {left[0].name!r} of "
@@ -115,30 +117,33 @@ def _has_batch_norm(layer) -> bool:
     return bool(keras_batch_norm_layers(layer))
 
 
-def _converted(model: tf.keras.Model) -> tf.keras.Model:
-    """``model`` converted: cloned if it is a graph (Sequential, functional), else in place."""
+def _converted(model: tf.keras.Model, memo: Dict[int, object]) -> tf.keras.Model:
+    """``model`` converted: cloned if it is a graph (Sequential, functional), else in place.
+    ``memo`` maps each layer converted so far (by ``id``) to its replacement, so that a layer held
+    in two places stays one layer."""
     if not _has_batch_norm(model):
         return model
     if not getattr(model, "_is_graph_network", False) and not isinstance(model, tf.keras.Sequential):
-        _convert_attributes(model)
+        _convert_attributes(model, memo)
         return model
-    copies: Dict[int, tuple] = {}
+    # Other layers are shared with the original model, weights and all.
+    return tf.keras.models.clone_model(model, clone_function=lambda layer: _replacement(layer, memo))
 
-    def clone(layer):
-        if is_keras_batch_norm(layer):
-            copies[id(layer)] = (layer, synchronized_copy(layer))
-            return copies[id(layer)][1]
-        if isinstance(layer, tf.keras.Model):
-            return _converted(layer)
-        if _has_batch_norm(layer):  # a custom layer holding batch norm layers
-            _convert_attributes(layer)
-        return layer  # shared with the original model, weights and all
 
-    new = tf.keras.models.clone_model(model, clone_function=clone)
-    for old, copy in copies.values():  # built by the clone's call on the new inputs: weights of the old
-        if old.built:
-            copy_weights(old, copy)
-    return new
+def _replacement(layer, memo: Dict[int, object]):
+    """What ``layer`` becomes: a synchronized copy of a batch norm layer, a converted model, or
+    itself (a custom layer holding batch norm layers converted in place)."""
+    if id(layer) in memo:
+        return memo[id(layer)]
+    if is_keras_batch_norm(layer):
+        memo[id(layer)] = synchronized_copy(layer)
+    elif isinstance(layer, tf.keras.Model):
+        memo[id(layer)] = _converted(layer, memo)
+    else:
+        if isinstance(layer, tf.keras.layers.Layer) and _has_batch_norm(layer):
+            _convert_attributes(layer, memo)
+        memo[id(layer)] = layer
+    return memo[id(layer)]
 
 
 @functools.lru_cache(maxsize=None)
@@ -147,32 +152,23 @@ def _keras_internals() -> frozenset:
     return frozenset(vars(tf.keras.Model())) | frozenset(vars(tf.keras.layers.Layer()))
 
 
-def _convert_attributes(layer) -> None:
+def _convert_attributes(layer, memo: Dict[int, object]) -> None:
     """Replace, in place, the batch norm layers held in ``layer``'s attributes (and in its list
     and dict attributes), converting nested layers and models on the way."""
-    def replacement(value):
-        if is_keras_batch_norm(value):
-            return synchronized_copy(value)
-        if isinstance(value, tf.keras.Model):
-            return _converted(value)
-        if isinstance(value, tf.keras.layers.Layer) and _has_batch_norm(value):
-            _convert_attributes(value)
-        return value
-
     for name, value in list(vars(layer).items()):
         if name in _keras_internals():
             continue
         if isinstance(value, tf.keras.layers.Layer):
-            new = replacement(value)
+            new = _replacement(value, memo)
             if new is not value:
                 setattr(layer, name, new)
         elif isinstance(value, list):  # Keras' ListWrapper too
             for i, item in enumerate(value):
-                new = replacement(item) if isinstance(item, tf.keras.layers.Layer) else item
+                new = _replacement(item, memo) if isinstance(item, tf.keras.layers.Layer) else item
                 if new is not item:
                     value[i] = new
         elif hasattr(value, "items") and hasattr(value, "__setitem__"):  # dict, Keras' _DictWrapper
             for key, item in list(value.items()):
-                new = replacement(item) if isinstance(item, tf.keras.layers.Layer) else item
+                new = _replacement(item, memo) if isinstance(item, tf.keras.layers.Layer) else item
                 if new is not item:
                     value[key] = new

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import sys
 
 from hvdtrain.errors import EveryRankError
 from hvdtrain.runtime.launcher import launcher_world_size
@@ -19,12 +20,18 @@ def make_deterministic() -> None:
     deterministic kernels (``tf.config.experimental.enable_op_determinism``).
 
     Raises:
-        EveryRankError: if ``HOROVOD_FUSION_THRESHOLD`` asks for fusion at 3+ ranks.
+        EveryRankError: if ``HOROVOD_FUSION_THRESHOLD`` asks for fusion at 3+ ranks, or Horovod
+            already started with fusion on (an earlier :func:`hvdtrain.init_distributed` call).
     """
     import tensorflow as tf
 
     size = launcher_world_size()
     if size is None or size > 2:
+        started = sys.modules.get("horovod.tensorflow")
+        if started is not None and started.is_initialized() and os.environ.get("HOROVOD_FUSION_THRESHOLD") != "0":
+            raise EveryRankError("--deterministic must be chosen before Horovod starts (it reads HOROVOD_FUSION_THRESHOLD "
+                                 "once): call hvdtrain.init_distributed(deterministic=True) first, or export "
+                                 "HOROVOD_FUSION_THRESHOLD=0")
         if os.environ.get("HOROVOD_FUSION_THRESHOLD", "0") != "0":
             raise EveryRankError(f"--deterministic turns Horovod's tensor fusion off, but HOROVOD_FUSION_THRESHOLD="
                                  f"{os.environ['HOROVOD_FUSION_THRESHOLD']} asks for it: unset it")

@@ -241,7 +241,9 @@ def init_distributed(threads: int = 0, use_gpu: bool = True, stall_timeout: floa
     Best called before any TensorFlow op: device visibility and thread pools are fixed once
     TensorFlow's runtime starts. Called later (a script that built its optimizer first), a CPU
     rank keeps the runtime's thread pools, its threads still pinned to the rank's cores, and a GPU
-    rank goes on if the runtime already sees only its GPU. Calling it again is harmless.
+    rank goes on if the runtime already sees only its GPU. Calling it again (``hvdtrain.fit``
+    after a script's own call) pins nothing anew; settings that Horovod reads once at start-up
+    (``deterministic``) must be given to the first call.
 
     Args:
         threads: TensorFlow intra-op threads; 0 = one per core this rank expects to get (see

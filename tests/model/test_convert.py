@@ -128,3 +128,19 @@ def test_the_command_line_converts_and_otherwise_warns_once(tmp_path):
     converted = run_ranks(2, [*args, "--convert-sync-bn", "--log-dir", str(tmp_path / "converted")])
     assert "Keras BatchNormalization layer(s)" not in converted.stderr
     assert "convert_sync_bn: true" in (tmp_path / "converted" / "config.yaml").read_text()
+
+
+def test_a_layer_held_twice_stays_one_layer():
+    class Twice(tf.keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.bn = tf.keras.layers.BatchNormalization()
+            self.same = self.bn
+
+        def call(self, x, training=None):
+            return self.same(self.bn(x, training=training), training=training)
+
+    model = Twice()
+    model(np.zeros((2, 4), np.float32))
+    convert_sync_batchnorm(model)
+    assert model.bn is model.same and len(model.weights) == 4

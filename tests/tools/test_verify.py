@@ -57,3 +57,11 @@ def test_mobilenet_v2_passes_converted_and_fails_as_it_is(cifar_like, convert):
         assert "hvdtrain verify: equivalent" in result.stdout
     else:
         assert "It has 52 Keras BatchNormalization layer(s)" in result.stdout and "bn_Conv1" in result.stdout
+
+
+def test_dropout_is_not_taken_for_rounding_noise():
+    """Reversing a batch moves each example to another dropout mask: that "noise" is as large as the
+    update, and may not excuse the 2-rank run's difference."""
+    result = verify("tests.models:mlp_with_keras_dropout", "--steps", "2")
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "it is random per example (Dropout? random augmentation?)" in result.stdout

@@ -73,7 +73,8 @@ test = tf.data.Dataset.from_tensor_slices((test_images.astype(np.float32), test_
 data_arg = (train, test)
 if mode == "callbacks":
     callbacks += [
-        tf.keras.callbacks.EarlyStopping(monitor="val_accuracy", baseline=1.01, patience=2),  # stops after 2 epochs
+        # Stops after 2 epochs, restoring the first epoch's weights: model.keras must hold those too.
+        tf.keras.callbacks.EarlyStopping(monitor="val_accuracy", baseline=1.01, patience=2, restore_best_weights=True),
         tf.keras.callbacks.ReduceLROnPlateau(monitor="val_loss", factor=0.5, patience=0, min_delta=100.0),
         tf.keras.callbacks.CSVLogger(os.path.join(out, "log.csv")),
         tf.keras.callbacks.ModelCheckpoint(os.path.join(out, "weights.h5"), save_weights_only=True),
