@@ -4,7 +4,8 @@ from __future__ import annotations
 from typing import Callable, Optional, Tuple, Union
 
 from hvdtrain.config import CLASSES, DataConfig
-from hvdtrain.data.datasets import Dataset, check_labels, load_dataset
+from hvdtrain.data.datasets import Dataset, load_dataset
+from hvdtrain.data.labels import check_labels
 from hvdtrain.data.stream import StreamingDataset
 
 # Reading every file once (a first TFRecord index, a data function's count) may take long on a

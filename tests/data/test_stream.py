@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from hvdtrain.data.datasets import check_labels, make_synthetic
+from hvdtrain.data.datasets import make_synthetic
+from hvdtrain.data.labels import check_labels
 from hvdtrain.data.folder import open_folder
 from hvdtrain.data.function import open_function
 from hvdtrain.data.sharding import ShardPlan
