@@ -53,3 +53,13 @@ def test_tf_keras_used_before_importing_hvdtrain_is_one_clear_error():
     assert proc.returncode != 0
     assert "HvdtrainError: tf.keras is Keras 3 here" in proc.stderr, proc.stderr[-2000:]
     assert "tf.keras was first used before `import hvdtrain`" in proc.stderr
+
+
+@pytest.mark.skipif(not KERAS_3, reason="TensorFlow <= 2.15: tf.keras is Keras 2 whatever the order")
+def test_the_layer_made_after_tf_keras_chose_keras_3_says_so():
+    proc = _python("import tensorflow as tf; tf.keras.layers.Dense(1)\n"
+                   "import hvdtrain\n"
+                   "hvdtrain.SyncBatchNormalization()")
+    assert proc.returncode != 0
+    assert "HvdtrainError: tf.keras is Keras 3 here" in proc.stderr and "TypeError" not in proc.stderr, \
+        proc.stderr[-2000:]

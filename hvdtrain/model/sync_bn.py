@@ -11,6 +11,7 @@ from typing import Optional, Sequence, Union
 
 import tensorflow as tf
 
+from hvdtrain.compat import require_keras2
 from hvdtrain.model import sync_bn_kernels as kernels
 
 ACTIVATIONS = (None, "relu")  # what SyncBatchNormalization can fuse after the normalization
@@ -139,6 +140,8 @@ class SyncBatchNormalization(tf.keras.layers.Layer):
         Computing the Sample Variance: Analysis and Recommendations", The American Statistician 1983.
 
     Raises:
+        HvdtrainError: in the constructor, where ``tf.keras`` is Keras 3 (first used before
+            ``import hvdtrain``).
         ValueError: in the constructor for ``momentum`` outside [0, 1], ``epsilon <= 0``, a
             non-integer ``axis`` or an ``activation`` other than None and ``"relu"``; when built
             for an input whose rank is < 2, whose ``axis`` is out of range or repeated, or whose
@@ -185,6 +188,7 @@ class SyncBatchNormalization(tf.keras.layers.Layer):
         adjustment=None,
         **kwargs,
     ):
+        require_keras2()  # tf.keras chosen as Keras 3 before `import hvdtrain`: one clear error, not Keras 3's
         # Keras' cast of floating inputs to the compute dtype happens in call, under a mixed policy
         # only: with the float32 policy, half-precision inputs keep their dtype.
         kwargs.setdefault("autocast", False)
