@@ -265,8 +265,9 @@ def build_model(spec: Union[str, Callable], input_shape: Tuple[int, int, int], n
         model = build(input_shape, num_classes, norm=norm_factory(sync_bn), seed=seed, rank=rank)
     else:
         model = _user_model(_import_model(spec), spec, input_shape, num_classes, rank)
-    per_rank = [layer for layer in keras_batch_norm_layers(model) if layer.trainable]  # frozen ones use moving stats
-    if keras_batch_norm_layers(model) and convert_sync_bn:
+    keras_norms = keras_batch_norm_layers(model)
+    per_rank = [layer for layer in keras_norms if layer.trainable]  # frozen ones use moving statistics
+    if keras_norms and convert_sync_bn:
         model = convert_sync_batchnorm(model)
     elif per_rank and world_size > 1 and rank == 0:
         say(f"hvdtrain: warning: --model {spec!r} has {len(per_rank)} Keras BatchNormalization layer(s) (e.g. "
