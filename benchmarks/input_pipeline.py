@@ -8,8 +8,8 @@ Makes, in a temporary directory, the first ``--train-examples`` Fashion-MNIST tr
 2,000 test images) as a PNG folder, as TFRecord shards of it (``make_tfrecords``) and as an NPZ file
 in the folder's order. Then:
 
-1. *pipeline alone*: one process on one core iterates one epoch of ``--dataset folder`` and
-   ``tfrecord`` batches (decode, crop, augment; no model) and prints images/s per core, with
+1. *pipeline alone*: ``python -m hvdtrain.tools.input_speed`` on one core reads one epoch of
+   ``--dataset folder`` and ``tfrecord`` batches (decode, crop, augment; no model), with
    ``--augment none`` and with ``standard`` (random-resized-crop and flip at ``--image-size 28``);
 2. *training*: ``--rounds`` rounds of np=2 jobs (``horovodrun --gloo``, the default CNN, 2 epochs)
    on the NPZ (in memory), the folder and the TFRecords, in turn; each job's last-epoch img/s, and
@@ -49,36 +49,14 @@ def make_data(root: str, train_examples: int) -> dict:
 
 
 def pipeline_alone(kind: str, path: str, augment: str, batch_size: int) -> float:
-    """Images/s of one epoch of the streamed pipeline on one core, no model (a fresh process)."""
-    code = f"""
-import os, time, json
-os.sched_setaffinity(0, {{sorted(os.sched_getaffinity(0))[0]}})
-import hvdtrain, tensorflow as tf
-tf.config.threading.set_intra_op_parallelism_threads(1); tf.config.threading.set_inter_op_parallelism_threads(1)
-from hvdtrain.config import DataConfig
-from hvdtrain.data.loading import open_dataset
-from hvdtrain.data.sharding import ShardPlan
-class Solo:
-    rank, size, is_chief = 0, 1, True
-    def guarded(self, what, fn): return fn()
-    def broadcast_object(self, obj, name): return obj
-class Idle:
-    def pause(self, *a): pass
-    def beat(self, *a): pass
-size = 28 if {augment!r} == "standard" else 0
-data = open_dataset(Solo(), DataConfig(dataset={kind!r}, data_dir={path!r}, augment={augment!r}, image_size=size), 0, Idle())
-plan = ShardPlan(data.num_train, {batch_size}, 1, 0)
-batches, _ = data.train_batches(plan, 0)
-start, n = time.perf_counter(), 0
-for images, labels in batches:
-    n += int(labels.shape[0])
-print(json.dumps(n / (time.perf_counter() - start)))
-"""
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO,
-                         env=common.env_for_ranks())
+    """Images/s of one epoch of the streamed pipeline on one core, no model (``input_speed``, a fresh process)."""
+    size = "28" if augment == "standard" else "0"
+    out = subprocess.run([sys.executable, "-m", "hvdtrain.tools.input_speed", "--dataset", kind, "--data-dir", path,
+                          "--augment", augment, "--image-size", size, "--threads", "1", "--batch-size",
+                          str(batch_size)], capture_output=True, text=True, cwd=REPO, env=common.env_for_ranks())
     if out.returncode:
         raise SystemExit(out.stderr[-3000:])
-    return float(out.stdout.strip().splitlines()[-1])
+    return float(out.stdout.split(" img/s")[0].replace(",", ""))
 
 
 def train(kind: str, path: str, run_dir: str, epochs: int) -> float:

@@ -331,3 +331,26 @@ def test_deterministic_against_default(tmp_path):
     assert ratio and row["np"] == "2"
     assert close(number(ratio.group(2)) / number(ratio.group(1)), number(row["ratio (median of rounds)"]), rel=0.01)
     assert row["ratio (median of rounds)"] == row["min"] == row["max"]
+
+
+def test_imagenet_input_against_the_reference(tmp_path):
+    out = script("imagenet_input.py", "--train-images", "64", "--test-images", "64", "--rounds", "1", "--batch-size",
+                 "16", tmp_path=tmp_path, timeout=600)
+    speed, resize = tables(out)
+    assert [(r["data"], r["view"].split()[0]) for r in speed] == [
+        ("folder", "training"), ("folder", "evaluation"), ("tfrecord", "training"), ("tfrecord", "evaluation")]
+    for r in speed:
+        one, reference = number(r["hvdtrain img/s, 1 core"]), number(r["reference img/s, 1 core"])
+        assert close(one / reference, number(r["hvdtrain / reference"]), rel=0.01, abs_=0.006)
+        assert close(3000 / one, number(r["cores per GPU at 3,000 img/s"]), rel=0.01, abs_=0.06)
+        if "hvdtrain img/s, 2 cores" in r:  # a machine with 2 or more cores
+            assert close(number(r["hvdtrain img/s, 2 cores"]) / (2 * one), number(r["2-core / (2 x 1-core)"]),
+                         rel=0.01, abs_=0.006)
+    plain, antialiased = resize
+    assert plain["resize"] == "bilinear (hvdtrain)"
+    assert plain["training view img/s, 1 core (folder)"] == speed[0]["hvdtrain img/s, 1 core"]
+    ratio = float(re.search(r"antialiasing: speed / without = ([\d.]+)", out).group(1))
+    assert close(number(antialiased["training view img/s, 1 core (folder)"]) /
+                 number(plain["training view img/s, 1 core (folder)"]), ratio, rel=0.01, abs_=0.006)
+    assert all(20 < number(r[k]) < 60 for r in resize for k in r if k.startswith("PSNR"))
+    assert "KB each on average" in out

@@ -209,10 +209,10 @@ class StreamingDataset:
 
         def decode(raw, label, key):
             image = split.load(raw)
-            if split.decodes:
-                image = images.decode(image, view.channels)
-                image = images.preprocess(image, training, view.augment, view.image_size, view.stored_shape,
-                                          images.example_seed(seed, epoch, key) if randomized else None)
+            if split.decodes:  # a JPEG's crop decoded alone (images.decode_view)
+                image = images.decode_view(image, view.channels, training, view.augment, view.image_size,
+                                           view.stored_shape, images.example_seed(seed, epoch, key) if randomized
+                                           else None)
             return image, label
 
         return decode

@@ -14,7 +14,6 @@ from hvdtrain.data.folder import open_folder
 from hvdtrain.data.function import open_function
 from hvdtrain.data.sharding import ShardPlan
 from hvdtrain.data import tfrecord
-from hvdtrain.data.images import center_crop, preprocess
 from hvdtrain.errors import HvdtrainError
 from hvdtrain.tools import make_tfrecords
 from tests.image_files import folder_order, write_image_folder
@@ -219,20 +218,6 @@ def test_folder_failures_in_the_pipeline_name_the_file(tmp_path, small_folder):
         expected = "Invalid JPEG data" if case == "undecodable" else "[9,6,1] is not compatible with expected shape [6,6,1]"
         assert str(victim) in str(error) and expected in str(error), str(error)
         assert (case == "other size") == str(error).endswith("images of different sizes need --image-size")
-
-
-def test_image_views():
-    image = tf.constant(np.arange(6 * 10 * 3, dtype=np.uint8).reshape(6, 10, 3))
-    assert center_crop(image, 4).shape == (4, 4, 3) and center_crop(image, 4).dtype == tf.uint8
-    seed = tf.constant([1, 2], tf.int64)
-    crops = [preprocess(image, True, "standard", 5, None, seed + i) for i in range(4)]
-    assert all(c.shape == (5, 5, 3) for c in crops)
-    assert len({c.numpy().tobytes() for c in crops}) > 1, "random crops differ by seed"
-    assert np.array_equal(preprocess(image, True, "standard", 5, None, seed), crops[0]), "stateless: repeatable"
-    assert np.array_equal(preprocess(image, False, "standard", 5, None, seed), center_crop(image, 5)), \
-        "evaluation is the center crop"
-    kept = preprocess(image, True, "none", 0, (6, 10, 3), seed)
-    assert np.array_equal(kept, image)
 
 
 def test_make_tfrecords_keeps_every_image_and_label(tmp_path, small_folder):
