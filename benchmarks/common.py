@@ -430,10 +430,11 @@ def build_bench_model(model: str, dataset, sync_bn: bool = True, norm=None):
 
 
 def hvdtrain_stepper(ctx, model, dataset, batch_size: int, optimizer=None):
-    """hvdtrain's :class:`~hvdtrain.train.Trainer` for ``model``, and ``run(n)`` that makes ``n``
+    """hvdtrain's :class:`~hvdtrain.trainer.Trainer` for ``model``, and ``run(n)`` that makes ``n``
     training steps exactly as ``Trainer.fit`` does (shard plan, compiled step) and waits for them.
     ``optimizer`` replaces hvdtrain's own (``build_optimizer``) to time a variant of the step."""
     import tensorflow as tf
+    from hvdtrain import kerases
     from hvdtrain.config import OptimConfig
     from hvdtrain.optim import build_optimizer
     from hvdtrain.data.sharding import ShardPlan
@@ -441,8 +442,9 @@ def hvdtrain_stepper(ctx, model, dataset, batch_size: int, optimizer=None):
 
     plan = ShardPlan(len(dataset.y_train), batch_size, ctx.size, ctx.rank)
     with tf.device(ctx.device):
-        if optimizer is None:
-            optimizer, _ = build_optimizer(OptimConfig(warmup_epochs=0), ctx.size, plan.steps_per_epoch, 100)
+        if optimizer is None:  # of the model's Keras (2 or 3)
+            optimizer, _ = build_optimizer(OptimConfig(warmup_epochs=0), ctx.size, plan.steps_per_epoch, 100,
+                                           keras=kerases.module(kerases.version_of(model)))
         optimizer.build(model.trainable_variables)
     broadcast_state(ctx, model, optimizer)
     trainer = Trainer(ctx, model, optimizer, dataset, plan)

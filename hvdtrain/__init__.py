@@ -8,11 +8,10 @@ import importlib.util
 import os
 
 # Before TensorFlow is imported, which reads both once:
-# * tf.keras must be Keras 2 (the tf_keras package) on TensorFlow >= 2.16, whose default Keras 3
-#   variables and optimizers Horovod's DistributedOptimizer does not handle (hvdtrain.compat).
+# * tf.keras stays Keras 2 (the tf_keras package) on TensorFlow >= 2.16, so that code written for
+#   tf.keras keeps the Keras it was written for; `import keras` is Keras 3. hvdtrain trains either
+#   (hvdtrain.kerases): a process trains the Keras of the objects it is given.
 # * TensorFlow's INFO banners (oneDNN, cpu_feature_guard), printed by every rank, hide hvdtrain's lines.
-# (Where the user's script touched tf.keras before importing hvdtrain, tf.keras is already Keras 3:
-# hvdtrain.compat says so when a model or optimizer meets it.)
 if importlib.util.find_spec("tf_keras") is not None:
     os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
@@ -20,7 +19,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
 __version__ = "0.1.0"
 
 __all__ = ["fit", "FitResult", "Config", "Callback", "SyncBatchNormalization", "convert_sync_batchnorm", "load_model",
-           "Trainer", "ShardPlan", "init_distributed", "HvdtrainError", "__version__"]
+           "Trainer", "ShardPlan", "init_distributed", "HvdtrainError", "keras3", "__version__"]
 
 from hvdtrain.errors import HvdtrainError  # noqa: E402
 
@@ -34,6 +33,8 @@ _LAZY = {"fit": "hvdtrain.api", "FitResult": "hvdtrain.api", "Config": "hvdtrain
 
 
 def __getattr__(name):
+    if name == "keras3":  # Keras 3's layers and schedule (imports Keras 3)
+        return importlib.import_module("hvdtrain.keras3")
     if name in _LAZY:
         return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'hvdtrain' has no attribute {name!r}")

@@ -31,7 +31,7 @@ class FitResult:
     """What :func:`fit` returns on every rank.
 
     Attributes:
-        model: the trained ``tf.keras.Model`` (the same weights on every rank).
+        model: the trained Keras model (the same weights on every rank).
         history: one dict of global metrics per epoch trained in this call, in order
             (``train_loss``, ``train_<metric>``, ``test_loss``, ``test_<metric>``, ``lr``,
             ``images_per_sec``...); empty if there was nothing left to train.
@@ -59,9 +59,12 @@ def fit(model_fn: Union[str, Callable], data=None, *, loss=None, metrics: Option
 
     Args:
         model_fn: a built-in model's name (``cnn``, ``resnet20``, ``unet``) or a function called as
-            ``model_fn(input_shape=(H, W, C), num_classes=K)`` returning an uncompiled
-            ``tf.keras.Model`` (use :class:`hvdtrain.SyncBatchNormalization` for synchronized batch
-            statistics); its outputs must fit the labels (checked first).
+            ``model_fn(input_shape=(H, W, C), num_classes=K)`` returning an uncompiled Keras model,
+            Keras 2 (``tf.keras``, ``tf_keras``) or Keras 3 (``import keras``; use
+            ``hvdtrain.SyncBatchNormalization``, resp. ``hvdtrain.keras3.SyncBatchNormalization``,
+            or ``convert_sync_bn=True`` for synchronized batch statistics); its outputs must fit
+            the labels (checked first). The model's Keras is the run's: the optimizer, a Keras
+            loss and Keras callbacks must be of the same one.
         data: the same on every rank. In memory: ``(x_train, y_train, x_test, y_test)`` numpy
             arrays -- images ``(n, H, W[, C])`` uint8 (pixels 0-255) or float, labels ``(n, ...)``
             (int class indices, per image or per pixel; or float targets) -- or a
@@ -71,19 +74,19 @@ def fit(model_fn: Union[str, Callable], data=None, *, loss=None, metrics: Option
             or a data function ``fn(split, rank, world_size, seed, epoch) -> tf.data.Dataset``
             (:mod:`hvdtrain.data.function`). None: the config's ``data`` section (files, streams).
         loss: ``sparse_categorical_crossentropy``, ``binary_crossentropy``, ``mse``, a
-            ``tf.keras.losses.Loss`` or a callable ``(labels, outputs) -> (b, ...)`` losses per
+            Keras ``losses.Loss`` or a callable ``(labels, outputs) -> (b, ...)`` losses per
             example or element (:func:`hvdtrain.losses.get_loss`); None: the config's.
         metrics: names (``accuracy``, ``top5``, ``mean_iou``), :class:`~hvdtrain.metrics.Metric`
             objects or callables ``(labels, outputs) -> (b,)`` values averaged over examples;
             every one exact over all ranks. None: the config's.
         optimizer: ``sgd``, ``adam``, ``adamw`` (hvdtrain's, on its warmup schedule scaled by
-            world size: ``optim={...}`` sets it up), or your own ``tf.keras`` (Keras 2) optimizer,
+            world size: ``optim={...}`` sets it up), or your own Keras optimizer (Keras 2 or 3),
             whose learning rate or ``LearningRateSchedule`` is used as it is, not scaled. Either
             way Horovod averages the gradients by allreduce before the update. None: the config's.
         config: a :class:`~hvdtrain.config.Config`, a mapping of its settings as a run file nests
             them (``{"optim": {"base_lr": 0.1}}``), or a run file's path (YAML); None: defaults.
         callbacks: :class:`~hvdtrain.callbacks.Callback` objects (those with ``chief_only`` run
-            on rank 0 only), and ``tf.keras.callbacks`` ones -- ``EarlyStopping``,
+            on rank 0 only), and Keras ``callbacks`` ones -- ``EarlyStopping``,
             ``ReduceLROnPlateau``, ``ModelCheckpoint``, ``CSVLogger``, ``TerminateOnNaN``,
             ``LambdaCallback``, ``LearningRateScheduler``, your own -- which see the global metrics
             under Keras' names (:mod:`hvdtrain.keras_callbacks`).
@@ -120,9 +123,6 @@ def fit(model_fn: Union[str, Callable], data=None, *, loss=None, metrics: Option
         settings["optim"], optimizer = {**settings.get("optim", {}), "name": optimizer}, None
     if convert_sync_bn:
         model_settings["convert_sync_bn"] = True
-    from hvdtrain.compat import require_keras2  # imports TensorFlow
-
-    require_keras2(optimizer=optimizer)  # first: a tf.keras that is Keras 3 would fail deep inside
     data_function = streamed_data(data)
     if data_function is not None:  # recorded in the run's config.yaml by the function's name
         settings["data"] = {**settings.get("data", {}), "dataset": "function", "function": data_function[2]}

@@ -31,7 +31,7 @@ _NAME = re.compile(r"^ckpt-(\d{6,})$")
 FORMAT_VERSION = 1
 
 
-def variable_signature(model: tf.keras.Model) -> list:
+def variable_signature(model) -> list:
     """The shapes of the model's variables, in order, to recognise a checkpoint of another model.
 
     (Shapes, not names: Keras numbers layer names per process, so names vary between runs.)
@@ -126,7 +126,7 @@ class CheckpointManager:
         HvdtrainError: if the directory cannot be created or written.
     """
 
-    def __init__(self, directory: str, model: tf.keras.Model, optimizer, keep: int = 3):
+    def __init__(self, directory: str, model, optimizer, keep: int = 3):
         self.directory = directory
         self.model = model
         self.keep = keep

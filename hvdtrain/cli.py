@@ -121,8 +121,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="tfrecord: records in each rank's shuffle buffer (the files' order is shuffled each epoch too)")
     g.add_argument("--model", default=d.model.name,
                    help="cnn, resnet20, unet (per-pixel logits), or package.module:function returning an uncompiled "
-                        "tf.keras.Model (called with input_shape=(H, W, C), num_classes=K) whose outputs fit the labels: "
-                        "(batch, K) logits, no softmax ((batch, H, W, K) for label maps), or the targets' shape")
+                        "Keras model, Keras 2 or 3 (called with input_shape=(H, W, C), num_classes=K) whose outputs "
+                        "fit the labels: (batch, K) logits, no softmax ((batch, H, W, K) for label maps), or the "
+                        "targets' shape")
+    g.add_argument("--keras", type=int, choices=(2, 3), default=d.model.keras,
+                   help="the Keras the built-in models are built with (default: TensorFlow's, 3 on TensorFlow >= 2.16, "
+                        "2 on 2.15); a --model function's model brings its own")
     g.add_argument("--loss", choices=LOSSES, default=d.task.loss,
                    help="sparse_categorical_crossentropy (class indices: (n,) labels, or (n, H, W) for segmentation), "
                         "binary_crossentropy (multi-label targets in [0, 1]), mse (targets shaped like the outputs)")
@@ -193,6 +197,7 @@ FLAG_SETTINGS = {
     "num_classes": "data.num_classes", "tfrecord_image_key": "data.tfrecord_image_key",
     "tfrecord_label_key": "data.tfrecord_label_key", "shuffle_buffer": "data.shuffle_buffer",
     "model": "model.name", "no_sync_bn": "!model.sync_bn", "convert_sync_bn": "model.convert_sync_bn",
+    "keras": "model.keras",
     "loss": "task.loss", "label_smoothing": "task.label_smoothing", "metrics": "task.metrics",
     "log_dir": "log.dir", "log_every": "log.log_every", "no_progress": "!log.progress",
     "checkpoint_dir": "checkpoint.dir", "resume": "checkpoint.resume", "keep_checkpoints": "checkpoint.keep",

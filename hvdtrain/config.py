@@ -21,6 +21,7 @@ OPTIMIZERS = ("sgd", "adam", "adamw")
 PRECISIONS = ("fp32", "bf16", "fp16")
 LOSSES = ("sparse_categorical_crossentropy", "binary_crossentropy", "mse")
 METRICS = ("accuracy", "top5", "mean_iou")
+KERAS_VERSIONS = (0, 2, 3)  # --keras: 0 picks the Keras TensorFlow gives by default (hvdtrain.kerases)
 CLASSES, TARGETS = "classes", "targets"  # what a loss takes as labels: class indices, or values
 
 
@@ -127,20 +128,27 @@ class ModelConfig:
         sync_bn: built-in models use synchronized (True) or per-rank (False) batch normalization;
             a model function chooses its own layers, so False is refused with one.
         convert_sync_bn: convert a model function's Keras batch norm (:func:`hvdtrain.convert_sync_batchnorm`).
+        keras: the Keras the built-in models are built with, 2 or 3; 0 is TensorFlow's default
+            (3 on TensorFlow >= 2.16, 2 on 2.15). A model function's model, a caller's optimizer
+            and callbacks bring their own Keras, which must be this one where given
+            (:mod:`hvdtrain.kerases`).
     """
 
     name: str = "cnn"
     sync_bn: bool = True
     convert_sync_bn: bool = False
+    keras: int = 0
 
     def __post_init__(self):
         _check(isinstance(self.name, str) and bool(self.name.strip()), "--model", "a model name", self.name)
+        _check(self.keras in KERAS_VERSIONS and not isinstance(self.keras, bool), "--keras", "2 or 3 (0: TensorFlow's "
+               "default)", self.keras)
         _check(isinstance(self.convert_sync_bn, bool) and not (self.convert_sync_bn and not self.sync_bn),
                "--convert-sync-bn", "true or false, and not with --no-sync-bn", self.convert_sync_bn)
         if not self.sync_bn and ":" in self.name:
             raise HvdtrainError(f"--no-sync-bn applies to the built-in models only; the function of --model "
-                                f"{self.name!r} chooses its own layers (tf.keras.layers.BatchNormalization "
-                                f"normalizes each rank's batch, hvdtrain.SyncBatchNormalization the global batch)")
+                                f"{self.name!r} chooses its own layers (Keras' BatchNormalization normalizes each "
+                                f"rank's batch, hvdtrain's SyncBatchNormalization the global batch)")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""Stock ``tf.keras`` callbacks in :func:`hvdtrain.fit`: one hvdtrain callback that drives them.
+"""Stock Keras callbacks (Keras 2 or 3) in :func:`hvdtrain.fit`: one hvdtrain callback that drives them.
 
 Keras callbacks see what ``model.fit`` would show them -- ``loss``, ``accuracy``, ``val_loss``,
 ``val_accuracy``..., here global (allreduced over ranks, exact) -- so ``EarlyStopping`` and
@@ -13,8 +13,7 @@ from __future__ import annotations
 
 from typing import List, Sequence
 
-import tensorflow as tf
-
+from hvdtrain import kerases
 from hvdtrain.callbacks import Callback
 from hvdtrain.errors import HvdtrainError
 
@@ -28,20 +27,31 @@ REFUSED = {
 }
 # Callbacks that set the optimizer's learning rate, which must then be a number (a variable), not a schedule.
 SETS_LR = ("ReduceLROnPlateau", "LearningRateScheduler")
+# hvdtrain's metrics that improve upwards (its losses improve downwards): what a callback monitoring
+# them with mode="auto" needs told under Keras 3, which reads it from a compiled model's metrics.
+RISING = ("accuracy", "top5", "mean_iou")
+
+
+def _keras_of(obj):
+    """The Keras package (2 or 3) of a Keras object, or None."""
+    version = kerases.version_of(obj)
+    return kerases.module(version) if version else None
 
 
 def _kind(callback, names) -> str:
-    """The name among ``names`` of the ``tf.keras.callbacks`` class ``callback`` is (or subclasses), or ""."""
-    for name in names:
-        cls = getattr(tf.keras.callbacks, name, None)
+    """The name among ``names`` of the Keras callback class ``callback`` is (or subclasses), or ""."""
+    keras = _keras_of(callback)
+    for name in names if keras is not None else ():
+        cls = getattr(keras.callbacks, name, None)
         if cls is not None and isinstance(callback, cls):
             return name
     return ""
 
 
 def is_keras_callback(callback) -> bool:
-    """Whether ``callback`` is a ``tf.keras.callbacks.Callback`` (rather than an hvdtrain one)."""
-    return isinstance(callback, tf.keras.callbacks.Callback)
+    """Whether ``callback`` is a Keras (2 or 3) ``callbacks.Callback``, rather than an hvdtrain one."""
+    keras = _keras_of(callback)
+    return keras is not None and isinstance(callback, keras.callbacks.Callback)
 
 
 # Rank-local figures (each rank times itself): left out, so that every callback decides alike.
@@ -71,7 +81,7 @@ class _ModelView:
     """The model as Keras callbacks reach it (``self.model``): the trained model's methods and
     weights, the run's optimizer as ``optimizer``, and ``stop_training``. A view, so that the
     optimizer (Horovod's wrapper) is not made part of the model, whose saved file must not hold it;
-    it is no ``tf.keras.Model`` itself (a callback that checks ``isinstance`` refuses it)."""
+    it is no Keras ``Model`` itself (a callback that checks ``isinstance`` refuses it)."""
 
     def __init__(self, model, optimizer):
         object.__setattr__(self, "_model", model)
@@ -89,10 +99,10 @@ class _ModelView:
 
 
 class KerasCallbacks(Callback):
-    """Runs ``tf.keras`` callbacks at hvdtrain's hooks (see the module's docstring).
+    """Runs Keras callbacks at hvdtrain's hooks (see the module's docstring).
 
     Args:
-        callbacks: ``tf.keras.callbacks.Callback`` objects, in the order to call them.
+        callbacks: Keras ``callbacks.Callback`` objects of the model's Keras, in the order to call them.
         model: the model being trained.
         optimizer: the run's (Horovod-wrapped) optimizer.
         is_chief: whether this is rank 0.
@@ -111,15 +121,18 @@ class KerasCallbacks(Callback):
         for cb in callbacks:
             name = _kind(cb, REFUSED)
             if name:
-                raise HvdtrainError(f"hvdtrain.fit(callbacks=...): tf.keras.callbacks.{name} is not supported: {REFUSED[name]}")
+                raise HvdtrainError(f"hvdtrain.fit(callbacks=...): Keras' callbacks.{name} is not supported: {REFUSED[name]}")
             name = _kind(cb, SETS_LR)
-            if name and isinstance(getattr(optimizer, "_learning_rate", None),
-                                   tf.keras.optimizers.schedules.LearningRateSchedule):
+            keras = _keras_of(optimizer)
+            if name and keras is not None and isinstance(getattr(optimizer, "_learning_rate", None),
+                                                         keras.optimizers.schedules.LearningRateSchedule):
                 raise HvdtrainError(
                     f"hvdtrain.fit(callbacks=...): {name} sets the optimizer's learning rate, but the optimizer's rate "
                     f"follows a LearningRateSchedule (hvdtrain's warmup schedule, or your own): pass your own "
-                    f"optimizer with a number as its learning rate, e.g. optimizer=tf.keras.optimizers.SGD(0.1)")
+                    f"optimizer with a number as its learning rate, e.g. optimizer=keras.optimizers.SGD(0.1)")
         self.callbacks: List = [cb for cb in callbacks if is_chief or not _kind(cb, CHIEF_ONLY)]
+        for cb in self.callbacks:
+            _resolve_auto_mode(cb)
         self.view = _ModelView(model, optimizer)
         for cb in self.callbacks:
             if not is_chief and hasattr(cb, "verbose"):
@@ -162,3 +175,15 @@ class KerasCallbacks(Callback):
 
     def close(self):
         self.on_train_end()  # a run that failed: files closed all the same
+
+
+def _resolve_auto_mode(callback) -> None:
+    """``mode="min"``/``"max"`` for a Keras 3 callback that monitors hvdtrain's loss or a metric of
+    :data:`RISING` with ``mode="auto"``: Keras 3 looks the direction up in the compiled model's
+    metrics, and hvdtrain's model is not compiled. Other monitored names stay as Keras decides."""
+    monitor, mode = getattr(callback, "monitor", None), getattr(callback, "mode", None)
+    if kerases.version_of(callback) != 3 or not isinstance(monitor, str) or mode != "auto":
+        return
+    name = monitor[len("val_"):] if monitor.startswith("val_") else monitor
+    if name == "loss" or name in RISING:
+        callback.mode = "min" if name == "loss" else "max"

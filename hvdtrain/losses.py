@@ -14,6 +14,7 @@ from typing import Callable, Optional, Union
 
 import tensorflow as tf
 
+from hvdtrain import kerases
 from hvdtrain.config import CLASSES, LOSSES, TARGETS
 from hvdtrain.errors import HvdtrainError
 from hvdtrain.imports import name_of
@@ -104,7 +105,7 @@ def get_loss(spec: Union[str, Loss, Callable], label_smoothing: float = 0.0) -> 
     """The :class:`Loss` for ``--loss`` or the Python API's ``loss=``.
 
     Args:
-        spec: a name in :data:`LOSSES`; a :class:`Loss`; a ``tf.keras.losses.Loss`` object (its
+        spec: a name in :data:`LOSSES`; a :class:`Loss`; a Keras (2 or 3) ``losses.Loss`` object (its
             unreduced ``call`` is used, so its own ``reduction`` does not apply); or a callable
             ``fn(labels, outputs)`` returning per-example or per-element losses ``(b, ...)``
             (labels passed as they are stored: int32 classes or float32 targets).
@@ -126,16 +127,22 @@ def get_loss(spec: Union[str, Loss, Callable], label_smoothing: float = 0.0) -> 
         return mse()
     if isinstance(spec, str):
         raise HvdtrainError(f"--loss {spec!r}: unknown loss; choose one of {LOSSES} (or pass a callable to hvdtrain.fit)")
-    if isinstance(spec, tf.keras.losses.Loss):
+    if _is_keras_loss(spec):
         if getattr(spec, "_fn_kwargs", {}).get("from_logits") is False:
             raise HvdtrainError(f"the loss {type(spec).__name__} takes probabilities (from_logits=False), but the "
                                 f"models give logits: pass from_logits=True")
         return Loss(spec.name, spec.call, _labels_of(spec))
     if callable(spec):
         return Loss(name_of(spec), spec, None)
-    raise HvdtrainError(f"loss must be one of {LOSSES}, a tf.keras.losses.Loss or a callable, got {type(spec).__name__}")
+    raise HvdtrainError(f"loss must be one of {LOSSES}, a Keras loss or a callable, got {type(spec).__name__}")
 
 
-def _labels_of(loss: tf.keras.losses.Loss) -> str:
+def _is_keras_loss(spec) -> bool:
+    """A ``Loss`` object of Keras 2 or Keras 3."""
+    version = kerases.version_of(spec)
+    return version is not None and isinstance(spec, kerases.module(version).losses.Loss)
+
+
+def _labels_of(loss) -> str:
     """Keras' sparse losses take class indices; its other losses take targets shaped like the outputs."""
     return CLASSES if type(loss).__name__.startswith("Sparse") else TARGETS

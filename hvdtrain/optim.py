@@ -2,17 +2,17 @@
 from __future__ import annotations
 
 import math
-from typing import Optional
+from types import ModuleType
+from typing import Dict, Optional
 
 import tensorflow as tf
 
+from hvdtrain import kerases
 from hvdtrain.config import LR_SCHEDULES, OptimConfig
-from hvdtrain.compat import require_keras2
 from hvdtrain.errors import HvdtrainError
 
 
-@tf.keras.utils.register_keras_serializable(package="hvdtrain")
-class WarmupSchedule(tf.keras.optimizers.schedules.LearningRateSchedule):
+class WarmupScheduleBase:
     """Linear warmup from ``base_lr`` to ``base_lr · world_size``, then a decay to the end of the run.
 
     Goyal et al. 2017, "Accurate, Large Minibatch SGD: Training ImageNet in 1 Hour", §2.1-2.2: scale
@@ -85,9 +85,34 @@ class WarmupSchedule(tf.keras.optimizers.schedules.LearningRateSchedule):
                 "total_steps": self.total_steps, "decay": self.decay, "step_offset": self.step_offset}
 
 
-def _schedule(config: OptimConfig, world_size: int, steps_per_epoch: int, epochs: int,
-              step_offset: int = 0) -> WarmupSchedule:
-    return WarmupSchedule(
+_SCHEDULES: Dict[str, type] = {}
+
+
+def schedule_class(keras: ModuleType) -> type:
+    """:class:`WarmupScheduleBase` as a ``LearningRateSchedule`` of ``keras`` (Keras 2 or 3),
+    registered as ``hvdtrain>WarmupSchedule``; made once per Keras."""
+    if keras.__name__ not in _SCHEDULES:
+        cls = type("WarmupSchedule", (WarmupScheduleBase, keras.optimizers.schedules.LearningRateSchedule),
+                   {"__doc__": WarmupScheduleBase.__doc__, "__module__": "hvdtrain.keras3" if kerases.version_of(keras.layers.Layer) == 3 else __name__})
+        register = (keras.saving.register_keras_serializable if kerases.version_of(keras.layers.Layer) == 3
+                    else keras.utils.register_keras_serializable)
+        _SCHEDULES[keras.__name__] = register(package="hvdtrain")(cls)
+    return _SCHEDULES[keras.__name__]
+
+
+def __getattr__(name):
+    if name == "WarmupSchedule":  # Keras 2's; hvdtrain.keras3.WarmupSchedule is Keras 3's
+        return schedule_class(kerases.keras2())
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _keras_of(optimizer) -> ModuleType:
+    return kerases.module(kerases.version_of(optimizer) or 2)
+
+
+def _schedule(config: OptimConfig, world_size: int, steps_per_epoch: int, epochs: int, keras: ModuleType,
+              step_offset: int = 0) -> WarmupScheduleBase:
+    return schedule_class(keras)(
         base_lr=config.base_lr,
         world_size=world_size,
         warmup_steps=round(config.warmup_epochs * steps_per_epoch),
@@ -97,8 +122,9 @@ def _schedule(config: OptimConfig, world_size: int, steps_per_epoch: int, epochs
     )
 
 
-def build_optimizer(config: OptimConfig, world_size: int, steps_per_epoch: int, epochs: int, variables=None):
-    """The configured optimizer on :class:`WarmupSchedule`, wrapped in ``hvd.DistributedOptimizer``.
+def build_optimizer(config: OptimConfig, world_size: int, steps_per_epoch: int, epochs: int, variables=None,
+                    keras: Optional[ModuleType] = None):
+    """The configured optimizer on :class:`WarmupScheduleBase`, wrapped in ``hvd.DistributedOptimizer``.
 
     ``sgd`` (momentum, optionally Nesterov's), ``adam`` (Kingma & Ba 2015) or ``adamw`` (Adam with
     decoupled weight decay, Loshchilov & Hutter 2019), Keras' implementations. The wrapper
@@ -115,35 +141,39 @@ def build_optimizer(config: OptimConfig, world_size: int, steps_per_epoch: int, 
         epochs: epochs of the run.
         variables: the model's trainable variables: the optimizer's slots are built for them, and
             those of rank < 2 (biases, BatchNorm's scale and offset) are excluded from weight decay.
+        keras: the model's Keras package (default: the variables', else Keras 2; :mod:`hvdtrain.kerases`).
 
     Returns:
         ``(optimizer, schedule)``.
     """
+    if keras is None:  # the variables' Keras (Keras 3's variables are its own class), else Keras 2
+        keras = kerases.module(next((kerases.version_of(v) for v in variables or () if kerases.version_of(v)), 2))
     # Horovod's gradient aggregation counts every backward pass in optimizer.iterations, so the
     # schedule is in backward passes (steps), not in applied updates.
-    schedule = _schedule(config, world_size, steps_per_epoch, epochs)
+    schedule = _schedule(config, world_size, steps_per_epoch, epochs, keras)
     common = {"learning_rate": schedule, "global_clipnorm": config.clip_norm or None,
               "weight_decay": config.weight_decay or None}
     if config.name == "sgd":
-        inner = tf.keras.optimizers.SGD(momentum=config.momentum, nesterov=config.nesterov, **common)
+        inner = keras.optimizers.SGD(momentum=config.momentum, nesterov=config.nesterov, **common)
     elif config.name == "adam":
-        inner = tf.keras.optimizers.Adam(**common)
+        inner = keras.optimizers.Adam(**common)
     else:
-        inner = tf.keras.optimizers.AdamW(**common)
+        inner = keras.optimizers.AdamW(**common)
     optimizer = distributed(inner, config)
     if variables is not None:  # on the wrapper: Horovod makes it anew from the inner optimizer's config
         if config.weight_decay:
-            optimizer.exclude_from_weight_decay(var_list=[v for v in variables if v.shape.rank < 2])
+            optimizer.exclude_from_weight_decay(var_list=[v for v in variables if len(v.shape) < 2])
         optimizer.build(variables)
     return optimizer, schedule
 
 
 def distributed(inner, config: OptimConfig):
-    """``inner`` (a Keras 2 optimizer, configured or the user's own) wrapped in
+    """``inner`` (a Keras 2 or Keras 3 optimizer, configured or the user's own) wrapped in
     ``hvd.DistributedOptimizer``, with ``config``'s allreduce compression and gradient
-    accumulation. Its learning rate (a number or any ``LearningRateSchedule``) is used as it is: a
-    user's own optimizer is not rescaled by world size. Horovod makes the optimizer anew from its
-    config, so weight-decay exclusions go on the returned one.
+    accumulation (Keras 3's through ``scripts/horovod-patches/0006-keras3-distributed-optimizer.patch``).
+    Its learning rate (a number or any ``LearningRateSchedule``) is used as it is: a user's own
+    optimizer is not rescaled by world size. Horovod makes the optimizer anew from its config, so
+    weight-decay exclusions go on the returned one.
 
     Raises:
         HvdtrainError: if Horovod cannot make the optimizer anew from its ``get_config()`` (it
@@ -161,12 +191,12 @@ def distributed(inner, config: OptimConfig):
     except (TypeError, ValueError) as e:
         raise HvdtrainError(f"the optimizer {type(inner).__name__}: Horovod makes it anew from its get_config(), which "
                             f"failed ({type(e).__name__}: {e}); register a custom LearningRateSchedule or optimizer "
-                            f"class with tf.keras.utils.register_keras_serializable") from e
+                            f"class with Keras' register_keras_serializable") from e
     return optimizer
 
 
 def rescale_schedule(optimizer, config: OptimConfig, world_size: int, steps_per_epoch: int, epochs: int,
-                     epochs_done: float) -> WarmupSchedule:
+                     epochs_done: float) -> WarmupScheduleBase:
     """Give ``optimizer`` the schedule of a new world size, continuing at ``epochs_done``.
 
     For elastic training: after ranks leave or join, the peak rate is ``base_lr · world_size``
@@ -187,7 +217,7 @@ def rescale_schedule(optimizer, config: OptimConfig, world_size: int, steps_per_
         The new schedule (also set on the optimizer).
     """
     offset = round(epochs_done * steps_per_epoch) - int(optimizer.iterations.numpy())
-    schedule = _schedule(config, world_size, steps_per_epoch, epochs, step_offset=offset)
+    schedule = _schedule(config, world_size, steps_per_epoch, epochs, _keras_of(optimizer), step_offset=offset)
     optimizer.learning_rate = schedule
     return schedule
 
@@ -196,17 +226,29 @@ def users_optimizer(optimizer, config: OptimConfig):
     """A caller's own optimizer (:func:`hvdtrain.fit`'s ``optimizer=``), checked and :func:`distributed`.
 
     Raises:
-        HvdtrainError: for anything but a Keras 2 optimizer (a Keras 3 one would not have its
-            gradients averaged), or one Horovod cannot make anew.
+        HvdtrainError: for anything but a Keras optimizer (Keras 2 or 3), or one Horovod cannot make anew.
     """
-    require_keras2(optimizer=optimizer)
-    if not isinstance(optimizer, (tf.keras.optimizers.Optimizer, tf.keras.optimizers.legacy.Optimizer)):
-        raise HvdtrainError(f"optimizer must be a tf.keras optimizer object, got {type(optimizer).__name__}")
+    version = kerases.version_of(optimizer)
+    keras = kerases.module(version) if version else None
+    bases = () if keras is None else (keras.optimizers.Optimizer,) + (
+        (keras.optimizers.legacy.Optimizer,) if version == 2 else ())
+    if not bases or not isinstance(optimizer, bases):
+        raise HvdtrainError(f"optimizer must be a Keras optimizer object, got {type(optimizer).__name__}")
     schedule = getattr(optimizer, "_learning_rate", None)
-    if not isinstance(schedule, tf.keras.optimizers.schedules.LearningRateSchedule):
+    if version == 3 or not isinstance(schedule, keras.optimizers.schedules.LearningRateSchedule):
         return distributed(optimizer, config)
     # Horovod makes the optimizer anew from its config, which (on tf_keras 2.15) cannot rebuild
     # Keras' own schedule objects: it is made with a number, and given the schedule object after.
     wrapped = distributed(type(optimizer).from_config({**optimizer.get_config(), "learning_rate": 0.0}), config)
     wrapped.learning_rate = schedule
     return wrapped
+
+
+def last_learning_rate(optimizer) -> float:
+    """The learning rate of the optimizer's last update, as Keras 2 reports it (Keras 3's
+    ``learning_rate`` under a schedule is the next update's: here the schedule at the last step)."""
+    rate = getattr(optimizer, "_learning_rate", None)
+    if kerases.version_of(optimizer) == 3 and isinstance(rate, _keras_of(optimizer).optimizers.schedules.LearningRateSchedule):
+        return float(rate(max(int(optimizer.iterations.numpy()) - 1, 0)))
+    current = optimizer.learning_rate
+    return float(current(optimizer.iterations) if callable(current) else current)

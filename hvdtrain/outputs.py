@@ -94,19 +94,33 @@ def draw_curves(records: list, path: str) -> None:
     os.replace(tmp, path)
 
 
-def load_model(path: str):
-    """``tf.keras.models.load_model(path)`` with hvdtrain's layers registered first: a run's
-    ``model.keras`` names ``SyncBatchNormalization``, which Keras would otherwise take for its own
-    ``experimental.SyncBatchNormalization``.
+def load_model(path: str, keras: int = 0):
+    """Keras' ``models.load_model(path)`` with hvdtrain's layers registered first, by the Keras
+    that saved the file (2 or 3, read from its ``metadata.json``; ``keras`` to choose): a run's
+    ``model.keras`` names ``SyncBatchNormalization``, which Keras 2 would otherwise take for its
+    own ``experimental.SyncBatchNormalization``.
 
     Raises:
-        OSError, ValueError: as ``tf.keras.models.load_model``, for a missing or unreadable file.
+        OSError, ValueError: as Keras' ``load_model``, for a missing or unreadable file.
     """
-    import tensorflow as tf
+    from hvdtrain import kerases
+    from hvdtrain.model.sync_bn import layer_class
+    from hvdtrain.model.zoo import dropout_class
+    from hvdtrain.optim import schedule_class
 
-    from hvdtrain.model.sync_bn import SyncBatchNormalization
-    from hvdtrain.model.zoo import SeededDropout
-    from hvdtrain.optim import WarmupSchedule
+    module = kerases.module(keras or saved_by(path))
+    ours = [make(module) for make in (layer_class, dropout_class, schedule_class)]
+    return module.models.load_model(path, custom_objects={cls.__name__: cls for cls in ours})
 
-    ours = (SyncBatchNormalization, SeededDropout, WarmupSchedule)
-    return tf.keras.models.load_model(path, custom_objects={cls.__name__: cls for cls in ours})
+
+def saved_by(path: str) -> int:
+    """The Keras (2 or 3) that wrote the ``.keras`` file ``path``; 2 where it does not say."""
+    import json
+    import zipfile
+
+    try:
+        with zipfile.ZipFile(path) as archive:
+            version = json.loads(archive.read("metadata.json")).get("keras_version", "2")
+    except (OSError, KeyError, ValueError, zipfile.BadZipFile):
+        return 2  # Keras' own load_model then says what is wrong with the file
+    return 3 if str(version).split(".")[0] == "3" else 2

@@ -13,15 +13,19 @@ moves the same scale the same way.
 """
 from __future__ import annotations
 
+import sys
 from typing import List, Optional
 
 import tensorflow as tf
+
+from hvdtrain import kerases
 
 POLICIES = {"fp32": "float32", "bf16": "mixed_bfloat16", "fp16": "mixed_float16"}
 
 
 def set_precision(precision: str) -> None:
-    """Set Keras' global dtype policy for the layers built from now on.
+    """Set the global dtype policy of each Keras (2 and 3) for the layers built from now on: a
+    model function's Keras is known only once it has built the model.
 
     Args:
         precision: ``fp32``, ``bf16`` or ``fp16`` (:data:`hvdtrain.config.PRECISIONS`).
@@ -29,7 +33,16 @@ def set_precision(precision: str) -> None:
     Raises:
         KeyError: for another name (the config refuses it first).
     """
-    tf.keras.mixed_precision.set_global_policy(POLICIES[precision])
+    policy = POLICIES[precision]
+    for version in (2, 3):
+        if version == 3 and not kerases.keras3_installed():
+            continue
+        if precision == "fp32" and version == 3 and "keras" not in sys.modules:
+            continue  # float32 is the default of a Keras not imported yet: importing it would cost a second
+        try:
+            kerases.module(version).mixed_precision.set_global_policy(policy)
+        except Exception:  # noqa: BLE001 -- a Keras not installed, or Keras 3 on another backend: not used here
+            continue
 
 
 class DynamicLossScale:
@@ -41,7 +54,7 @@ class DynamicLossScale:
     carry it with the optimizer's slots: a resumed run continues with the scale it had.
 
     Args:
-        optimizer: the (Horovod-wrapped) Keras optimizer, already built.
+        optimizer: the (Horovod-wrapped) Keras optimizer (Keras 2 or 3), already built.
         initial_scale: float, > 0.
         growth_interval: finite steps between doublings, >= 1.
 
@@ -56,10 +69,12 @@ class DynamicLossScale:
             raise ValueError(f"loss scale needs initial_scale > 0 and growth_interval >= 1, got {initial_scale}, "
                              f"{growth_interval}")
         self.growth_interval = int(growth_interval)
-        self.scale = optimizer.add_variable((), tf.float32, tf.keras.initializers.Constant(initial_scale),
-                                            name="loss_scale")
-        self.finite_steps = optimizer.add_variable((), tf.int64, "zeros", name="loss_scale_finite_steps")
-        self.skipped_steps = optimizer.add_variable((), tf.int64, "zeros", name="loss_scale_skipped_steps")
+        constant = kerases.module(kerases.version_of(optimizer) or 2).initializers.Constant(initial_scale)
+        self.scale = optimizer.add_variable(shape=(), dtype="float32", initializer=constant, name="loss_scale")
+        self.finite_steps = optimizer.add_variable(shape=(), dtype="int64", initializer="zeros",
+                                                   name="loss_scale_finite_steps")
+        self.skipped_steps = optimizer.add_variable(shape=(), dtype="int64", initializer="zeros",
+                                                    name="loss_scale_skipped_steps")
 
     def scale_loss(self, loss: tf.Tensor) -> tf.Tensor:
         """``loss · scale`` (float32 scalar in, float32 scalar out)."""

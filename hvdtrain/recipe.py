@@ -11,6 +11,7 @@ from typing import Callable, List, NamedTuple, Optional, Sequence, Union
 import tensorflow as tf
 
 from hvdtrain import callbacks as cbs
+from hvdtrain import kerases
 from hvdtrain.callbacks import split_text
 from hvdtrain.chief import banner, chief_callbacks
 from hvdtrain.checkpoint import completed_checkpoints
@@ -21,10 +22,12 @@ from hvdtrain.data.sharding import ShardPlan
 from hvdtrain.elastic import ElasticJob
 from hvdtrain.ending import run_ended
 from hvdtrain.errors import Ending, EveryRankError, HvdtrainError, say
+from hvdtrain.kerases import set_random_seed
 from hvdtrain.keras_callbacks import KerasCallbacks, is_keras_callback
 from hvdtrain.losses import get_loss
 from hvdtrain.model import sync_bn_kernels
-from hvdtrain.model.sync_bn import SyncBatchNormalization
+from hvdtrain.model.moving_statistics import sublayers
+from hvdtrain.model.sync_bn import SyncBatchNormalizationBase
 from hvdtrain.model.zoo import build_model
 from hvdtrain.optim import build_optimizer, users_optimizer
 from hvdtrain.outputs import save_trained_model
@@ -52,7 +55,7 @@ class Parts:
         loss: a name, a Keras loss or a callable (:func:`hvdtrain.losses.get_loss`); None: ``config.task.loss``.
         metrics: names, :class:`~hvdtrain.metrics.Metric` objects or callables; None: ``config.task.metrics``.
         callbacks: more :class:`~hvdtrain.callbacks.Callback` objects (chief-only ones run on rank 0
-            only) and ``tf.keras`` callbacks (:mod:`hvdtrain.keras_callbacks`).
+            only) and Keras callbacks (:mod:`hvdtrain.keras_callbacks`).
         optimizer: a Keras 2 optimizer of the caller's, its learning rate (or schedule) used as it
             is; None: ``config.optim``'s, on hvdtrain's warmup schedule scaled by world size."""
 
@@ -69,7 +72,7 @@ class Outcome(NamedTuple):
     """A finished run: final metrics (the last epoch's, or the test set's), trained model, this rank."""
 
     metrics: dict
-    model: tf.keras.Model
+    model: object  # the trained Keras model (Keras 2 or 3)
     rank: int = 0
 
 
@@ -109,7 +112,7 @@ def run(config: Config, parts: Parts = Parts()) -> Outcome:
             watchdog.connect(ctx)
         watchdog.beat("loading data")
         # Same seed everywhere; initial weights are broadcast from rank 0 anyway (step 6).
-        tf.keras.utils.set_random_seed(config.seed)
+        set_random_seed(config.seed)
 
         # 2. Data: every rank opens the dataset (in memory, or streamed by tf.data), its labels
         #    read as the loss takes them; the plan gives each rank a disjoint shard per epoch and
@@ -139,15 +142,19 @@ def run(config: Config, parts: Parts = Parts()) -> Outcome:
             model = ctx.guarded("building the model", lambda: build_model(
                 parts.model or config.model.name, dataset.input_shape, dataset.num_classes, sync_bn=config.model.sync_bn,
                 seed=config.seed, rank=ctx.rank, convert_sync_bn=config.model.convert_sync_bn, world_size=ctx.size,
-                **expected_outputs(loss, dataset)))
+                keras=config.model.keras, **expected_outputs(loss, dataset)))
             ctx.guarded("checking the loss and metrics", lambda: check_objective(objective, model, dataset))
+            # The model's Keras (2 or 3) is the run's: the caller's optimizer, loss and callbacks must share it.
+            keras = kerases.module(ctx.guarded("checking the Keras objects", lambda: kerases.choose(
+                kerases.version_of(model), model=model, optimizer=parts.optimizer, loss=parts.loss,
+                callbacks=[cb for cb in parts.callbacks if is_keras_callback(cb)])))
 
             # 4. Optimizer: learning rate scaled by world size with warmup (a caller's own optimizer
             #    keeps its own); Horovod's wrapper averages gradients by allreduce. Its slots are
             #    built now so they can be broadcast.
             if parts.optimizer is None:
                 optimizer, schedule = build_optimizer(config.optim, ctx.size, plan.steps_per_epoch, config.epochs,
-                                                      model.trainable_variables)
+                                                      model.trainable_variables, keras)
             else:
                 optimizer, schedule = ctx.guarded("wrapping the optimizer", lambda: users_optimizer(
                     parts.optimizer, config.optim)), None
@@ -269,15 +276,15 @@ def agree_on_data(ctx: DistContext, fingerprint: dict) -> None:
     ctx.agree(data_mismatch(ctx.rank, fingerprint, chief) if fingerprint != chief else None, "checking the data")
 
 
-def refuse_collectives_under_xla(model: tf.keras.Model, world_size: int) -> None:
+def refuse_collectives_under_xla(model, world_size: int) -> None:
     """Refuse ``--xla`` for a model whose forward pass allreduces: XLA compiles the forward and
     backward pass, and Horovod's ops (built without its XLA ops) cannot be compiled.
 
     Raises:
         EveryRankError: naming the synchronized BatchNorm layers, at world size > 1.
     """
-    synchronized = [layer.name for layer in model.submodules
-                    if isinstance(layer, SyncBatchNormalization) and layer.synchronized]
+    synchronized = [layer.name for layer in sublayers(model)
+                    if isinstance(layer, SyncBatchNormalizationBase) and layer.synchronized]
     if synchronized and world_size > 1:
         raise EveryRankError(f"--xla compiles the forward and backward pass, which cannot hold the allreduce of "
                              f"synchronized BatchNorm ({len(synchronized)} layers, e.g. {synchronized[0]}); use "

@@ -2,8 +2,8 @@
 
 Three shapes of one step, picked by :func:`make_train_step`:
 
-* float32 and bf16 (the default): Horovod's wrapped ``compute_gradients`` runs the backward pass
-  and allreduces, then ``apply_gradients`` updates, in one ``tf.function``;
+* float32 and bf16 (the default): the backward pass, Horovod's allreduce of the gradients (the
+  wrapped optimizer's ``_allreduce``) and the update, in one ``tf.function``;
 * ``--xla``: the forward and backward pass is compiled by XLA (``jit_compile``); Horovod's
   allreduce, which is no XLA op, and the update run after it, outside;
 * ``--precision fp16``: the loss is scaled before the backward pass and the gradients unscaled
@@ -17,6 +17,7 @@ from typing import Callable, List, Optional, Tuple
 
 import tensorflow as tf
 
+from hvdtrain.kerases import is_floating
 from hvdtrain.metrics import Objective
 from hvdtrain.precision import DynamicLossScale
 
@@ -62,15 +63,34 @@ def _as_is(method: Callable) -> Callable:
     return tf.autograph.experimental.do_not_convert(method)
 
 
-def make_train_step(model: tf.keras.Model, optimizer, world_size: int, inputs: StepInputs,
+def _allreduce(optimizer) -> Callable:
+    """``(gradients, variables) -> gradients`` averaged over ranks by the Horovod-wrapped
+    ``optimizer`` (Keras 2 or 3); the gradients as they are for a plain optimizer (one process)."""
+    if not hasattr(optimizer, "_allreduce"):
+        return lambda gradients, variables: gradients
+    return _as_is(optimizer._allreduce)  # pylint: disable=protected-access
+
+
+def _apply(optimizer) -> Callable:
+    """``(gradients, variables) -> None``: the update with allreduced gradients. Keras 3's wrapped
+    ``apply`` would allreduce again (scripts/horovod-patches/0006-keras3-distributed-optimizer.patch):
+    its second half, ``_apply_allreduced``, updates alone."""
+    if hasattr(optimizer, "_apply_allreduced"):
+        return _as_is(optimizer._apply_allreduced)  # pylint: disable=protected-access
+    if hasattr(optimizer, "stateless_apply"):  # a plain Keras 3 optimizer
+        return _as_is(optimizer.apply)
+    return lambda gradients, variables: _as_is(optimizer.apply_gradients)(zip(gradients, variables))
+
+
+def make_train_step(model, optimizer, world_size: int, inputs: StepInputs,
                     objective: Objective, sums: tf.Variable, loss_scale: Optional[DynamicLossScale] = None,
                     xla: bool = False) -> Tuple[Callable, Optional[Callable]]:
     """Build this rank's compiled training step.
 
     Args:
-        model: the Keras model (float32 variables; any compute dtype).
-        optimizer: ``hvd.DistributedOptimizer``-wrapped Keras optimizer (a plain one trains without
-            collectives, on the default path only).
+        model: the Keras model, Keras 2 or 3 (float32 variables; any compute dtype).
+        optimizer: ``hvd.DistributedOptimizer``-wrapped Keras optimizer of the model's Keras (a
+            plain one trains without collectives).
         world_size: number of ranks: the local loss sum is scaled by ``world_size / global_count``.
         inputs: what the step is called with (:func:`gathered`, :func:`streamed`).
         objective: the loss and metrics.
@@ -99,6 +119,7 @@ def make_train_step(model: tf.keras.Model, optimizer, world_size: int, inputs: S
         return loss, batch_sums
 
     signature = [*inputs.signature, tf.TensorSpec([], tf.float32)]
+    allreduce, apply = _allreduce(optimizer), _apply(optimizer)
     if loss_scale is None and not xla:
         @tf.function(input_signature=signature)
         def train_step(*args):
@@ -106,8 +127,8 @@ def make_train_step(model: tf.keras.Model, optimizer, world_size: int, inputs: S
             images, labels = inputs.batch(*batch)
             with tf.GradientTape() as tape:
                 loss, batch_sums = scaled_loss(images, labels, global_count)
-            # Allreduce (average) of the gradients happens in the wrapped compute_gradients.
-            _as_is(optimizer.apply_gradients)(_as_is(optimizer.compute_gradients)(loss, variables, tape=tape))
+            # Horovod's ring-allreduce averages the gradients over ranks, before the update.
+            apply(allreduce(tape.gradient(loss, variables), variables), variables)
             sums.assign_add(batch_sums)
 
         return train_step, None
@@ -126,7 +147,7 @@ def make_train_step(model: tf.keras.Model, optimizer, world_size: int, inputs: S
 
     # What the forward pass itself writes (BatchNorm's moving statistics): a skipped fp16 step
     # restores it, or one overflowing batch would leave them NaN for good.
-    forward_state = [v for v in model.non_trainable_variables if v.dtype.is_floating] if loss_scale else []
+    forward_state = [v for v in model.non_trainable_variables if is_floating(v)] if loss_scale else []
 
     @tf.function(input_signature=signature)
     def train_step(*args):
@@ -134,18 +155,18 @@ def make_train_step(model: tf.keras.Model, optimizer, world_size: int, inputs: S
         images, labels = inputs.batch(*batch)
         saved = [tf.identity(v) for v in forward_state]  # read before the forward pass writes them
         gradients, batch_sums = local_gradients(images, labels, global_count)
-        # Horovod's ring-allreduce, as its wrapped compute_gradients runs it after the backward pass.
-        gradients = _as_is(optimizer._allreduce)(gradients, variables)  # pylint: disable=protected-access
+        # Horovod's ring-allreduce, after the backward pass (outside XLA: no XLA op).
+        gradients = allreduce(gradients, variables)
         if loss_scale is None:
-            _as_is(optimizer.apply_gradients)(zip(gradients, variables))
+            apply(gradients, variables)
             sums.assign_add(batch_sums)
             return
         # The allreduced gradients are alike on every rank, and non-finite on every rank if they
         # were on any (hvdtrain.precision): every rank skips or applies the same step.
         finite = loss_scale.all_finite(gradients)
 
-        def apply():
-            _as_is(optimizer.apply_gradients)(zip(gradients, variables))
+        def update():
+            apply(gradients, variables)
             sums.assign_add(batch_sums)  # a skipped step's examples are left out of the metrics
             return tf.constant(True)
 
@@ -154,7 +175,7 @@ def make_train_step(model: tf.keras.Model, optimizer, world_size: int, inputs: S
                 variable.assign(value)
             return tf.constant(False)
 
-        tf.cond(finite, apply, skip)
+        tf.cond(finite, update, skip)
         loss_scale.update(finite)
 
     return train_step, local_gradients

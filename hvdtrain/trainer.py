@@ -14,13 +14,14 @@ import numpy as np
 import tensorflow as tf
 
 from hvdtrain import callbacks as cbs
-from hvdtrain.compat import require_keras2
+from hvdtrain import kerases
 from hvdtrain.data.datasets import Dataset
 from hvdtrain.data.sharding import ShardPlan, eval_shard
 from hvdtrain.data.stream import StreamingDataset
 from hvdtrain.errors import EveryRankError, HvdtrainError
 from hvdtrain.losses import sparse_categorical_crossentropy
 from hvdtrain.metrics import Accuracy, Objective, prefixed
+from hvdtrain.optim import last_learning_rate
 from hvdtrain.model.moving_statistics import per_rank_moving_statistics
 from hvdtrain.precision import DynamicLossScale
 from hvdtrain.runtime.dist import DistContext, in_collective
@@ -32,7 +33,7 @@ from hvdtrain.step import gathered, make_train_step, streamed, to_model_input
 FIRST_BATCH_MAX_S = 3600.0  # how long the stall check waits for a stream's first batch of an epoch
 
 
-def broadcast_state(ctx: DistContext, model: tf.keras.Model, optimizer) -> None:
+def broadcast_state(ctx: DistContext, model, optimizer) -> None:
     """Overwrite every rank's model and optimizer variables with rank 0's (a collective).
 
     Needed once the variables exist -- random initialisation differs per rank -- and after rank 0
@@ -59,7 +60,7 @@ class Trainer:
 
     Args:
         ctx: this process's distributed context.
-        model: the Keras model (variables already broadcast from rank 0).
+        model: the Keras model, Keras 2 or 3 (variables already broadcast from rank 0).
         optimizer: ``hvd.DistributedOptimizer``-wrapped optimizer, variables built and broadcast.
         dataset: the whole in-memory dataset (every rank holds it; each reads only its shard per
             step), or a streaming one (each rank reads only its shard).
@@ -81,17 +82,17 @@ class Trainer:
             accuracy); :meth:`fit` reports ``train_<name>`` and ``test_<name>`` of each.
 
     Raises:
-        HvdtrainError: for a Keras 3 model or optimizer (:func:`hvdtrain.compat.require_keras2`).
+        HvdtrainError: for a model and optimizer of different Kerases (:func:`hvdtrain.kerases.choose`).
         ValueError: if a chief-only callback is given to another rank.
     """
 
-    def __init__(self, ctx: DistContext, model: tf.keras.Model, optimizer, dataset: Union[Dataset, StreamingDataset],
+    def __init__(self, ctx: DistContext, model, optimizer, dataset: Union[Dataset, StreamingDataset],
                  plan: ShardPlan, log_every: int = 50, eval_batch_size: int = 1000,
                  callbacks: Optional[List[cbs.Callback]] = None,
                  watchdog: Optional[Watchdog] = None, agree_on_writes: bool = False,
                  backward_passes_per_step: int = 1, loss_scale: Optional[DynamicLossScale] = None,
                  xla: bool = False, objective: Optional[Objective] = None):
-        require_keras2(model, optimizer)  # Keras 3's gradients would not be averaged
+        kerases.choose(0, model=model, optimizer=optimizer)  # one Keras: Horovod's wrapper matches the optimizer's
         self.ctx, self.model, self.optimizer, self.plan = ctx, model, optimizer, plan
         self.backward_passes_per_step = backward_passes_per_step
         self.loss_scale = loss_scale
@@ -180,7 +181,7 @@ class Trainer:
     def _make_count_non_finite(self):
         """A compiled function: the number (int64 scalar) of NaN and infinite values in the model's
         floating-point variables (weights and moving statistics)."""
-        variables = [v for v in self.model.variables if v.dtype.is_floating]
+        variables = [v for v in self.model.variables if kerases.is_floating(v)]
 
         @tf.function(input_signature=[])
         def count_non_finite():
@@ -244,7 +245,7 @@ class Trainer:
         offset = size + 1
         for variable, local in zip(self._moving_statistics, statistics):
             mean = total[offset:offset + local.size] / self.ctx.size
-            variable.assign(mean.reshape(variable.shape).astype(variable.dtype.as_numpy_dtype))
+            variable.assign(mean.reshape(variable.shape).astype(tf.as_dtype(variable.dtype).as_numpy_dtype))
             offset += local.size
         return total[:size], int(total[size])
 
@@ -386,8 +387,7 @@ class Trainer:
                 "train_examples": train["count"],
                 "images_per_sec": (train["count"] - carried[1]) / elapsed,
                 "epoch_time_s": elapsed,
-                "lr": float(self.optimizer.learning_rate(self.optimizer.iterations))
-                if callable(self.optimizer.learning_rate) else float(self.optimizer.learning_rate),
+                "lr": last_learning_rate(self.optimizer),
                 "world_size": self.ctx.size,
             }
             if self.loss_scale is not None:  # fp16: the scale now, and the steps skipped so far in the run

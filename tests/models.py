@@ -291,10 +291,70 @@ def mlp_with_keras_dropout(input_shape, num_classes):
 
 
 def keras3_mlp(input_shape, num_classes):
-    """The MLP built with Keras 3 (``import keras`` on TensorFlow >= 2.16), which hvdtrain refuses."""
+    """:func:`mlp` built with Keras 3 (``import keras`` on TensorFlow >= 2.16)."""
     import keras
 
-    return keras.Sequential([keras.Input(input_shape), keras.layers.Flatten(), keras.layers.Dense(num_classes)])
+    return keras.Sequential([keras.Input(input_shape), keras.layers.Flatten(),
+                             keras.layers.Dense(32, activation="tanh"), keras.layers.Dense(num_classes)])
+
+
+def keras3_cnn_bn(input_shape, num_classes):
+    """A small Keras 3 CNN with Keras 3's BatchNormalization (for --convert-sync-bn) and a ReLU
+    after each conv/dense layer, no dropout: :func:`cnn_sync_bn`'s shape."""
+    import keras
+
+    inputs = keras.Input(input_shape)
+    x = keras.layers.Conv2D(8, 3, padding="same", use_bias=False)(inputs)
+    x = keras.layers.ReLU()(keras.layers.BatchNormalization()(x))
+    x = keras.layers.MaxPool2D()(x)
+    x = keras.layers.Conv2D(8, 3, padding="same", use_bias=False)(x)
+    x = keras.layers.ReLU()(keras.layers.BatchNormalization(synchronized=True)(x))
+    x = keras.layers.Flatten()(x)
+    x = keras.layers.Dense(16, use_bias=False)(x)
+    x = keras.layers.ReLU()(keras.layers.BatchNormalization()(x))
+    return keras.Model(inputs, keras.layers.Dense(num_classes)(x), name="test_keras3_cnn_bn")
+
+
+def keras3_cnn_sync_bn(input_shape, num_classes):
+    """:func:`cnn_sync_bn` in Keras 3, with ``hvdtrain.keras3.SyncBatchNormalization``."""
+    import keras
+
+    from hvdtrain.keras3 import SyncBatchNormalization as SyncBN3
+
+    inputs = keras.Input(input_shape)
+    x = keras.layers.Conv2D(8, 3, padding="same", use_bias=False)(inputs)
+    x = keras.layers.ReLU()(SyncBN3()(x))
+    x = keras.layers.MaxPool2D()(x)
+    x = keras.layers.Conv2D(8, 3, padding="same", use_bias=False)(x)
+    x = SyncBN3(activation="relu")(x)
+    x = keras.layers.Flatten()(x)
+    x = keras.layers.Dense(16, use_bias=False)(x)
+    x = SyncBN3(activation="relu")(x)
+    return keras.Model(inputs, keras.layers.Dense(num_classes)(x), name="test_keras3_cnn_sync_bn")
+
+
+def keras3_mobilenet_v2(input_shape, num_classes):
+    """Keras 3's MobileNetV2 (alpha 0.35, 32x32x3, no weights, logits): 52 Keras 3 BatchNormalization layers."""
+    import keras
+
+    return keras.applications.MobileNetV2(input_shape=tuple(input_shape), alpha=0.35, weights=None,
+                                          classes=num_classes, classifier_activation=None)
+
+
+def keras3_with_a_keras2_layer(input_shape, num_classes):
+    """A Keras 3 subclassed model holding a Keras 2 (tf.keras) layer: two Kerases in one model."""
+    import keras
+
+    class Mixed(keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.flatten = keras.layers.Flatten()
+            self.head = tf.keras.layers.Dense(num_classes)
+
+        def call(self, x):
+            return self.head(self.flatten(x))
+
+    return Mixed()
 
 
 def cnn_keras_bn(input_shape, num_classes):

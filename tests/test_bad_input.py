@@ -170,7 +170,7 @@ CASES = [
     ("model function missing", lambda t, r: [*SYNTHETIC, "--model", "tests.models:no_such_fn"],
      "module 'tests.models' has no function 'no_such_fn'"),
     ("model function returns no model", lambda t, r: [*SYNTHETIC, "--model", "tests.models:not_a_model"],
-     "returned str, not a tf.keras.Model"),
+     "returned str, not a Keras model"),
     ("model function calls sys.exit(0)", lambda t, r: [*SYNTHETIC, "--model", "tests.models:exits"],
      "--model 'tests.models:exits': the function raised SystemExit: 0"),
     ("log directory under a file", lambda t, r: [*SYNTHETIC, *MLP, "--log-dir", blocked(t)],
@@ -247,8 +247,16 @@ CASES = [
 
 
 if KERAS_3:  # TensorFlow >= 2.16, where `import keras` is Keras 3 and tf.keras is tf_keras (Keras 2)
-    CASES.append(("a Keras 3 model", lambda t, r: [*SYNTHETIC, "--model", "tests.models:keras3_mlp"],
-                  "(keras.src.models.sequential.Sequential) is a Keras 3 object"))
+    CASES += [
+        ("a Keras 3 model with --keras 2", lambda t, r: [*SYNTHETIC, "--model", "tests.models:keras3_mlp", "--keras", "2"],
+         "--keras 2, but the model (keras.src.models.sequential.Sequential) is Keras 3: give --keras 3 or leave it out"),
+        ("a Keras 3 model holding a Keras 2 layer",
+         lambda t, r: [*SYNTHETIC, "--model", "tests.models:keras3_with_a_keras2_layer"],
+         "the model's attribute 'head' (tf_keras.src.layers.core.dense.Dense) is Keras 2: build every object with one "
+         "Keras"),
+        ("Keras 3 on the JAX backend", lambda t, r: ["-m", "tests.workers.with_env", "KERAS_BACKEND=jax", *SYNTHETIC],
+         "Keras 3 cannot start its 'jax' backend"),
+    ]
 
 
 def snapshot(root):

@@ -7,19 +7,24 @@ import json
 import pytest
 
 from tests.ranks import run_ranks
+from tests.test_kerases import needs_keras3
 
 SEEN_ALIKE = ("loss", "accuracy", "val_loss", "val_accuracy", "lr", "learning_rate")
 
 
-def _run(tmp_path, mode):
-    result = run_ranks(2, ["tests/workers/users_keras.py", str(tmp_path), mode], timeout=400)
+def _run(tmp_path, mode, keras):
+    result = run_ranks(2, ["tests/workers/users_keras.py", str(tmp_path), mode, str(keras)], timeout=400)
     reports = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)]
     return result, reports
 
 
-@pytest.mark.parametrize("mode", ["callbacks", "stop-on-rank-1", "data-function"])
-def test_a_users_keras_script_trains_at_two_ranks(tmp_path, mode):
-    result, (rank0, rank1) = _run(tmp_path, mode)
+@pytest.mark.parametrize("mode, keras", [("callbacks", 2), ("stop-on-rank-1", 2), ("data-function", 2),
+                                         pytest.param("callbacks", 3, marks=needs_keras3),
+                                         pytest.param("stop-on-rank-1", 3, marks=needs_keras3)])
+def test_a_users_keras_script_trains_at_two_ranks(tmp_path, mode, keras):
+    """The same script in Keras 2 (tf.keras after `import hvdtrain`) and Keras 3 (`import keras`)."""
+    result, (rank0, rank1) = _run(tmp_path, mode, keras)
+    assert keras == 2 or rank0["model_keras"] == "keras"  # Keras 3's package
     # Keras' BatchNormalization was converted (convert_sync_bn=True), so no per-rank warning.
     assert (rank0["sync_layers"], rank0["keras_layers"]) == (1, 0)
     assert "Keras BatchNormalization layer(s)" not in result.stderr
@@ -30,7 +35,7 @@ def test_a_users_keras_script_trains_at_two_ranks(tmp_path, mode):
         [{k: e[k] for k in SEEN_ALIKE} for e in rank1["keras_logs"]]
     assert [e["val_loss"] for e in rank0["keras_logs"]] == [h["test_loss"] for h in rank0["history"]]
     # What the run leaves, from rank 0: the trained model (reloaded, the same predictions) and its curves.
-    assert rank0["loaded_max_diff"] == 0.0
+    assert rank0["loaded_max_diff"] == 0.0 and rank0["loaded_keras"] == rank0["model_keras"]
     assert (tmp_path / "run" / "curves.png").stat().st_size > 1000
     trained = len(rank0["history"])
     assert trained == len(rank1["history"])
@@ -40,7 +45,7 @@ def test_a_users_keras_script_trains_at_two_ranks(tmp_path, mode):
         rows = list(csv.DictReader((tmp_path / "log.csv").open()))  # CSVLogger, from rank 0 alone
         assert [int(r["epoch"]) for r in rows] == [0, 1]
         assert float(rows[1]["val_loss"]) == pytest.approx(rank0["history"][1]["test_loss"])
-        assert (tmp_path / "weights.h5").exists()  # ModelCheckpoint
+        assert (tmp_path / "model.weights.h5").exists()  # ModelCheckpoint
         # ReduceLROnPlateau (min_delta unreachable, patience 0) halved the rate after epoch 2, on both ranks.
         assert rank0["history"][1]["lr"] == pytest.approx(0.05)
         assert rank0["final_lr"] == rank1["final_lr"] == pytest.approx(0.025)

@@ -2,15 +2,15 @@
 from __future__ import annotations
 
 import functools
+from types import ModuleType
 from typing import Dict, List
 
 import numpy as np
-import tensorflow as tf
 
-from hvdtrain.compat import require_keras2
+from hvdtrain import kerases
 from hvdtrain.errors import HvdtrainError
-from hvdtrain.model.moving_statistics import keras_batch_norms
-from hvdtrain.model.sync_bn import SyncBatchNormalization
+from hvdtrain.model.moving_statistics import keras_batch_norms, sublayers
+from hvdtrain.model.sync_bn import layer_class
 
 # Keras arguments whose meaning SyncBatchNormalization does not implement, with their neutral values.
 _UNSUPPORTED = {"renorm": False, "virtual_batch_size": None, "adjustment": None}
@@ -23,19 +23,20 @@ def is_keras_batch_norm(layer) -> bool:
     return isinstance(layer, keras_batch_norms())
 
 
-def keras_batch_norm_layers(model: tf.Module) -> List[tf.keras.layers.Layer]:
+def keras_batch_norm_layers(model) -> list:
     """The Keras batch norm layers in ``model``, nested ones included, each once."""
-    return [m for m in model.submodules if is_keras_batch_norm(m)] + ([model] if is_keras_batch_norm(model) else [])
+    return [m for m in sublayers(model) if is_keras_batch_norm(m)] + ([model] if is_keras_batch_norm(model) else [])
 
 
-def convert_sync_batchnorm(model: tf.keras.Model) -> tf.keras.Model:
-    """``model`` with every Keras batch norm layer replaced by :class:`~hvdtrain.SyncBatchNormalization`
-    of the same configuration and weights: what PyTorch's ``SyncBatchNorm.convert_sync_batchnorm``
+def convert_sync_batchnorm(model):
+    """``model`` with every Keras batch norm layer replaced by hvdtrain's synchronized layer of the
+    same Keras (``hvdtrain.SyncBatchNormalization``, ``hvdtrain.keras3.SyncBatchNormalization``)
+    and the same configuration and weights: what PyTorch's ``SyncBatchNorm.convert_sync_batchnorm``
     does for ``torch.nn.BatchNorm*d``.
 
     Sequential and functional models (``keras.applications`` models among them) are cloned with
-    ``tf.keras.models.clone_model``: the returned model is new, and shares every other layer (and
-    its weights) with ``model``. Subclassed models, and custom layers that hold batch norm layers,
+    Keras' ``clone_model``: the returned model is new, and shares every other layer (and its
+    weights) with ``model``. Subclassed models, and custom layers that hold batch norm layers,
     are converted in place: each batch norm layer held in an attribute, or in a list or dict
     attribute, is replaced. Nested models are converted alike, at any depth.
 
@@ -50,32 +51,36 @@ def convert_sync_batchnorm(model: tf.keras.Model) -> tf.keras.Model:
     ``tf.distribute`` strategy and does nothing under Horovod.
 
     Args:
-        model: a ``tf.keras.Model`` (Keras 2: ``tf.keras`` after ``import hvdtrain``, or ``tf_keras``).
+        model: a Keras 2 model (``tf.keras`` after ``import hvdtrain``, or ``tf_keras``) or a Keras 3
+            one (``import keras``, TensorFlow backend).
 
     Returns:
         The converted model: a new one for Sequential and functional models, ``model`` itself for
         subclassed ones; ``model`` unchanged if it has no Keras batch norm layer.
 
     Raises:
-        HvdtrainError: for anything but a Keras 2 model; naming the layer, for a batch norm layer
+        HvdtrainError: for anything but a Keras model; naming the layer, for a batch norm layer
             with ``renorm``, ``virtual_batch_size`` or ``adjustment`` (which the synchronized layer
             does not implement), or one that cannot be replaced (created inside ``call``, or held
             somewhere other than an attribute, list or dict of a layer).
     """
-    require_keras2(model)
-    if not isinstance(model, tf.keras.Model):
-        raise HvdtrainError(f"convert_sync_batchnorm takes a tf.keras.Model, got {type(model).__name__}")
-    converted = _converted(model, {})
+    version = kerases.version_of(model)
+    keras = kerases.module(version) if version else None
+    if keras is None or not isinstance(model, keras.Model):
+        raise HvdtrainError(f"convert_sync_batchnorm takes a Keras model, got {type(model).__name__}")
+    kerases.choose(version, model=model)  # one Keras throughout
+    converted = _converted(model, {}, keras)
     left = keras_batch_norm_layers(converted)
     if left:
         raise HvdtrainError(f"convert_sync_batchnorm: cannot replace the batch norm layer {left[0].name!r} of "
                             f"{model.name!r}: it is not held in an attribute, list or dict of a layer (made inside "
-                            f"call?); use hvdtrain.SyncBatchNormalization in the model's code instead")
+                            f"call?); use hvdtrain's SyncBatchNormalization in the model's code instead")
     return converted
 
 
-def synchronized_copy(layer: tf.keras.layers.Layer) -> SyncBatchNormalization:
-    """A :class:`SyncBatchNormalization` with ``layer``'s configuration and, if built, its weights.
+def synchronized_copy(layer, keras: ModuleType):
+    """hvdtrain's ``SyncBatchNormalization`` of ``keras`` with ``layer``'s configuration and, if
+    built, its weights.
 
     Raises:
         HvdtrainError: naming the layer and the argument, for ``renorm``, ``virtual_batch_size``
@@ -90,7 +95,7 @@ def synchronized_copy(layer: tf.keras.layers.Layer) -> SyncBatchNormalization:
     config = {key: value for key, value in config.items()
               if key not in ("fused", "synchronized", "renorm_clipping", "renorm_momentum", *_UNSUPPORTED)}
     config["unbiased_moving_variance"] = bool(getattr(layer, "fused", False))  # Keras' fused kernel's variance
-    new = SyncBatchNormalization.from_config(config)
+    new = layer_class(keras).from_config(config)
     if layer.built:
         new.build(_input_shape(layer))
         copy_weights(layer, new)
@@ -117,58 +122,85 @@ def _has_batch_norm(layer) -> bool:
     return bool(keras_batch_norm_layers(layer))
 
 
-def _converted(model: tf.keras.Model, memo: Dict[int, object]) -> tf.keras.Model:
+def _is_graph(model, keras: ModuleType) -> bool:
+    """A Sequential or functional model: one ``clone_model`` rebuilds."""
+    return isinstance(model, keras.Sequential) or type(model).__name__ == "Functional" \
+        or bool(getattr(model, "_is_graph_network", False))
+
+
+def _converted(model, memo: Dict[int, object], keras: ModuleType):
     """``model`` converted: cloned if it is a graph (Sequential, functional), else in place.
     ``memo`` maps each layer converted so far (by ``id``) to its replacement, so that a layer held
     in two places stays one layer."""
     if not _has_batch_norm(model):
         return model
-    if not getattr(model, "_is_graph_network", False) and not isinstance(model, tf.keras.Sequential):
-        _convert_attributes(model, memo)
+    if not _is_graph(model, keras):
+        _convert_attributes(model, memo, keras)
         return model
     # Other layers are shared with the original model, weights and all.
-    return tf.keras.models.clone_model(model, clone_function=lambda layer: _replacement(layer, memo))
+    return keras.models.clone_model(model, clone_function=lambda layer: _replacement(layer, memo, keras))
 
 
-def _replacement(layer, memo: Dict[int, object]):
+def _replacement(layer, memo: Dict[int, object], keras: ModuleType):
     """What ``layer`` becomes: a synchronized copy of a batch norm layer, a converted model, or
     itself (a custom layer holding batch norm layers converted in place)."""
     if id(layer) in memo:
         return memo[id(layer)]
     if is_keras_batch_norm(layer):
-        memo[id(layer)] = synchronized_copy(layer)
-    elif isinstance(layer, tf.keras.Model):
-        memo[id(layer)] = _converted(layer, memo)
+        memo[id(layer)] = synchronized_copy(layer, keras)
+    elif isinstance(layer, keras.Model):
+        memo[id(layer)] = _converted(layer, memo, keras)
     else:
-        if isinstance(layer, tf.keras.layers.Layer) and _has_batch_norm(layer):
-            _convert_attributes(layer, memo)
+        if isinstance(layer, keras.layers.Layer) and _has_batch_norm(layer):
+            _convert_attributes(layer, memo, keras)
         memo[id(layer)] = layer
     return memo[id(layer)]
 
 
 @functools.lru_cache(maxsize=None)
-def _keras_internals() -> frozenset:
+def _keras_internals(keras: ModuleType) -> frozenset:
     """Attribute names of Keras' own bookkeeping (its lists of tracked layers...), left alone."""
-    return frozenset(vars(tf.keras.Model())) | frozenset(vars(tf.keras.layers.Layer()))
+    return frozenset(vars(keras.Model())) | frozenset(vars(keras.layers.Layer()))
 
 
-def _convert_attributes(layer, memo: Dict[int, object]) -> None:
+def _retrack(owner, old, new) -> None:
+    """Keras 3 keeps the layers a layer holds in a list of its own (``_layers``), filled when an
+    attribute is set and locked once the layer is built: swap ``old`` for ``new`` there too."""
+    tracked = getattr(owner, "_layers", None)
+    if isinstance(tracked, list):
+        for i, layer in enumerate(tracked):
+            if layer is old:
+                tracked[i] = new
+
+
+def _convert_attributes(layer, memo: Dict[int, object], keras: ModuleType) -> None:
     """Replace, in place, the batch norm layers held in ``layer``'s attributes (and in its list
     and dict attributes), converting nested layers and models on the way."""
+    keras3 = kerases.version_of(keras.layers.Layer) == 3
     for name, value in list(vars(layer).items()):
-        if name in _keras_internals():
+        if name in _keras_internals(keras):
             continue
-        if isinstance(value, tf.keras.layers.Layer):
-            new = _replacement(value, memo)
+        if isinstance(value, keras.layers.Layer):
+            new = _replacement(value, memo, keras)
             if new is not value:
-                setattr(layer, name, new)
-        elif isinstance(value, list):  # Keras' ListWrapper too
+                if keras3:  # past Keras 3's tracking, which refuses new layers once built
+                    object.__setattr__(layer, name, new)
+                    _retrack(layer, value, new)
+                else:
+                    setattr(layer, name, new)
+        elif isinstance(value, list):  # Keras' ListWrapper, TrackedList too
             for i, item in enumerate(value):
-                new = _replacement(item, memo) if isinstance(item, tf.keras.layers.Layer) else item
-                if new is not item:
+                new = _replacement(item, memo, keras) if isinstance(item, keras.layers.Layer) else item
+                if new is not item and keras3:
+                    list.__setitem__(value, i, new)
+                    _retrack(layer, item, new)
+                elif new is not item:
                     value[i] = new
-        elif hasattr(value, "items") and hasattr(value, "__setitem__"):  # dict, Keras' _DictWrapper
+        elif hasattr(value, "items") and hasattr(value, "__setitem__"):  # dict, Keras' _DictWrapper, TrackedDict
             for key, item in list(value.items()):
-                new = _replacement(item, memo) if isinstance(item, tf.keras.layers.Layer) else item
-                if new is not item:
+                new = _replacement(item, memo, keras) if isinstance(item, keras.layers.Layer) else item
+                if new is not item and keras3:
+                    dict.__setitem__(value, key, new)
+                    _retrack(layer, item, new)
+                elif new is not item:
                     value[key] = new

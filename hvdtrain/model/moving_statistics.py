@@ -1,30 +1,37 @@
 """Which batch norm layers keep moving statistics per rank, so that hvdtrain averages them."""
 from __future__ import annotations
 
-from typing import List
+import sys
 
-import tensorflow as tf
-
-from hvdtrain.model.sync_bn import SyncBatchNormalization
+from hvdtrain.kerases import is_floating
+from hvdtrain.model.sync_bn import SyncBatchNormalizationBase
 
 
 def keras_batch_norms() -> tuple:
-    """Keras' batch norm layer classes. Under Horovod (no tf.distribute strategy) each one, Keras'
-    own synchronized variants included, updates its moving statistics from its own rank's batches.
-    (Looked up when called: a module-level lookup would fail at import where tf.keras is Keras 3,
-    before hvdtrain could say so.)"""
-    layers = tf.keras.layers
-    experimental = getattr(getattr(layers, "experimental", None), "SyncBatchNormalization", None)
-    return (layers.BatchNormalization,) + ((experimental,) if experimental is not None else ())
+    """Keras' batch norm layer classes, of each Keras this process has imported (Keras 2, Keras 3).
+    Under Horovod (no tf.distribute strategy) each one, Keras' own synchronized variants
+    included, updates its moving statistics from its own rank's batches."""
+    found = []
+    for name in ("tf_keras", "keras"):
+        layers = getattr(sys.modules.get(name), "layers", None)
+        if layers is not None:
+            experimental = getattr(getattr(layers, "experimental", None), "SyncBatchNormalization", None)
+            found += [layers.BatchNormalization] + ([experimental] if experimental is not None else [])
+    return tuple(found)
 
 
-def _per_rank(layer: tf.Module) -> bool:
+def sublayers(layer) -> list:
+    """The layers ``layer`` holds, nested ones included (Keras 2 and Keras 3 alike), each once."""
+    return list(layer._flatten_layers(include_self=False, recursive=True))  # pylint: disable=protected-access
+
+
+def _per_rank(layer) -> bool:
     """Whether ``layer`` is a batch norm layer that updates its moving statistics per rank."""
     return (isinstance(layer, keras_batch_norms())
-            or isinstance(layer, SyncBatchNormalization) and not layer.synchronized)
+            or isinstance(layer, SyncBatchNormalizationBase) and not layer.synchronized)
 
 
-def per_rank_moving_statistics(model: tf.keras.Model) -> List[tf.Variable]:
+def per_rank_moving_statistics(model) -> list:
     """The moving statistics of the built per-rank batch norm layers in ``model``, nested ones
     included: their floating-point non-trainable variables (moving mean and variance, and with
     Keras' ``renorm=True`` its moving standard deviation and renormalization statistics).
@@ -34,5 +41,5 @@ def per_rank_moving_statistics(model: tf.keras.Model) -> List[tf.Variable]:
     so they drift apart across ranks; a synchronized one keeps them identical. A layer that was
     never called has none yet.
     """
-    return [v for layer in model.submodules if _per_rank(layer) and layer.built
-            for v in layer.non_trainable_weights if v.dtype.is_floating]
+    return [v for layer in sublayers(model) if _per_rank(layer) and layer.built
+            for v in layer.non_trainable_weights if is_floating(v)]

@@ -3,15 +3,18 @@
 
 One layer in one module, over 400 lines: its statistics' forward pass, their allreduce and the
 matching custom gradient must change together, and the layer's docstring is its manual. The
-CPU kernels live apart (:mod:`hvdtrain.model.sync_bn_kernels`).
+CPU kernels live apart (:mod:`hvdtrain.model.sync_bn_kernels`). The algorithm is written once,
+in :class:`SyncBatchNormalizationBase`; :func:`layer_class` makes it a layer of Keras 2 or of
+Keras 3 (``hvdtrain.SyncBatchNormalization``, ``hvdtrain.keras3.SyncBatchNormalization``).
 """
 from __future__ import annotations
 
-from typing import Optional, Sequence, Union
+from types import ModuleType
+from typing import Dict, Optional, Sequence, Union
 
 import tensorflow as tf
 
-from hvdtrain.compat import require_keras2
+from hvdtrain import kerases
 from hvdtrain.model import sync_bn_kernels as kernels
 
 ACTIVATIONS = (None, "relu")  # what SyncBatchNormalization can fuse after the normalization
@@ -29,8 +32,7 @@ def _allreduce_sum(tensor: tf.Tensor) -> tf.Tensor:
     return hvd.allreduce(tensor, op=hvd.Sum)
 
 
-@tf.keras.utils.register_keras_serializable(package="hvdtrain")
-class SyncBatchNormalization(tf.keras.layers.Layer):
+class SyncBatchNormalizationBase:
     """Batch normalization whose batch statistics span the global batch of all Horovod ranks.
 
     In training, the mean and variance are those of the concatenation of every rank's batch, so
@@ -94,7 +96,7 @@ class SyncBatchNormalization(tf.keras.layers.Layer):
             normalization, as Keras' layer does otherwise (``fused=False``, inputs of other ranks)
             and Horovod's ``SyncBatchNormalization``. Over N examples they differ by N/(N - 1).
         activation: None, or ``"relu"`` to return ``max(0, normalized)``: the same as a
-            ``tf.keras.layers.ReLU`` after the layer, fused into the normalization (as TensorFlow
+            Keras ``ReLU`` layer after this one, fused into the normalization (as TensorFlow
             fuses its own batch norm with a following ReLU), so that on the CPU kernels the ReLU
             costs no memory pass of its own, forward or backward.
         synchronized: if True (default), batch statistics span all ranks' batches; if False, each
@@ -140,8 +142,6 @@ class SyncBatchNormalization(tf.keras.layers.Layer):
         Computing the Sample Variance: Analysis and Recommendations", The American Statistician 1983.
 
     Raises:
-        HvdtrainError: in the constructor, where ``tf.keras`` is Keras 3 (first used before
-            ``import hvdtrain``).
         ValueError: in the constructor for ``momentum`` outside [0, 1], ``epsilon <= 0``, a
             non-integer ``axis`` or an ``activation`` other than None and ``"relu"``; when built
             for an input whose rank is < 2, whose ``axis`` is out of range or repeated, or whose
@@ -188,7 +188,6 @@ class SyncBatchNormalization(tf.keras.layers.Layer):
         adjustment=None,
         **kwargs,
     ):
-        require_keras2()  # tf.keras chosen as Keras 3 before `import hvdtrain`: one clear error, not Keras 3's
         # Keras' cast of floating inputs to the compute dtype happens in call, under a mixed policy
         # only: with the float32 policy, half-precision inputs keep their dtype.
         kwargs.setdefault("autocast", False)
@@ -202,7 +201,7 @@ class SyncBatchNormalization(tf.keras.layers.Layer):
                                          ("adjustment", adjustment, None)):
             if value is not neutral and value != neutral:
                 raise ValueError(f"SyncBatchNormalization does not implement {argument} (got {argument}={value!r}): "
-                                 f"use tf.keras.layers.BatchNormalization, which normalizes each rank's batch alone")
+                                 f"use Keras' BatchNormalization, which normalizes each rank's batch alone")
         axes = list(axis) if isinstance(axis, (list, tuple)) else [axis]
         if not axes or not all(isinstance(a, int) and not isinstance(a, bool) for a in axes):
             raise ValueError(f"axis must be an int or a non-empty list of ints, got {axis!r}")
@@ -217,14 +216,14 @@ class SyncBatchNormalization(tf.keras.layers.Layer):
         self.epsilon = float(epsilon)
         self.center = bool(center)
         self.scale = bool(scale)
-        self.beta_initializer = tf.keras.initializers.get(beta_initializer)
-        self.gamma_initializer = tf.keras.initializers.get(gamma_initializer)
-        self.moving_mean_initializer = tf.keras.initializers.get(moving_mean_initializer)
-        self.moving_variance_initializer = tf.keras.initializers.get(moving_variance_initializer)
-        self.beta_regularizer = tf.keras.regularizers.get(beta_regularizer)
-        self.gamma_regularizer = tf.keras.regularizers.get(gamma_regularizer)
-        self.beta_constraint = tf.keras.constraints.get(beta_constraint)
-        self.gamma_constraint = tf.keras.constraints.get(gamma_constraint)
+        self.beta_initializer = self._keras.initializers.get(beta_initializer)
+        self.gamma_initializer = self._keras.initializers.get(gamma_initializer)
+        self.moving_mean_initializer = self._keras.initializers.get(moving_mean_initializer)
+        self.moving_variance_initializer = self._keras.initializers.get(moving_variance_initializer)
+        self.beta_regularizer = self._keras.regularizers.get(beta_regularizer)
+        self.gamma_regularizer = self._keras.regularizers.get(gamma_regularizer)
+        self.beta_constraint = self._keras.constraints.get(beta_constraint)
+        self.gamma_constraint = self._keras.constraints.get(gamma_constraint)
         self.unbiased_moving_variance = bool(unbiased_moving_variance)
         self.activation = activation
         self.synchronized = bool(synchronized)
@@ -251,26 +250,25 @@ class SyncBatchNormalization(tf.keras.layers.Layer):
         self._channels = 1
         for d in param_shape:
             self._channels *= d
-        self.input_spec = tf.keras.layers.InputSpec(ndim=ndim, axes={a: input_shape[a] for a in self._axes})
+        self.input_spec = self._keras.layers.InputSpec(ndim=ndim, axes={a: input_shape[a] for a in self._axes})
 
         param_dtype = tf.float32 if self.dtype in ("float16", "bfloat16") else self.dtype
         if self.scale:
             self.gamma = self.add_weight(
                 name="gamma", shape=param_shape, dtype=param_dtype, initializer=self.gamma_initializer,
-                regularizer=self.gamma_regularizer, constraint=self.gamma_constraint, experimental_autocast=False,
+                regularizer=self.gamma_regularizer, constraint=self.gamma_constraint, **self._float32_weight,
             )
         else:
             self.gamma = None
         if self.center:
             self.beta = self.add_weight(
                 name="beta", shape=param_shape, dtype=param_dtype, initializer=self.beta_initializer,
-                regularizer=self.beta_regularizer, constraint=self.beta_constraint, experimental_autocast=False,
+                regularizer=self.beta_regularizer, constraint=self.beta_constraint, **self._float32_weight,
             )
         else:
             self.beta = None
-        stat = dict(shape=param_shape, dtype=param_dtype, trainable=False, experimental_autocast=False,
-                    synchronization=tf.VariableSynchronization.ON_READ,
-                    aggregation=tf.VariableAggregation.MEAN)
+        stat = dict(shape=param_shape, dtype=param_dtype, trainable=False, **self._float32_weight,
+                    **self._statistic_weight)
         self.moving_mean = self.add_weight(name="moving_mean", initializer=self.moving_mean_initializer, **stat)
         self.moving_variance = self.add_weight(
             name="moving_variance", initializer=self.moving_variance_initializer, **stat)
@@ -278,9 +276,10 @@ class SyncBatchNormalization(tf.keras.layers.Layer):
 
     # ---- computation --------------------------------------------------------------------------
     # Per-channel quantities are flat [C] vectors; the element-wise work is done either by the
-    # single-pass CPU kernels (hvdtrain/csrc, channels-last inputs on CPU-only processes) or by
-    # TensorFlow ops (any layout, any device). Both compute the same quantities (the moments by
-    # different passes; see the class docstring), equal to float32 rounding (tests/test_sync_bn.py).
+    # single-pass CPU kernels (hvdtrain/model/sync_bn_kernels, channels-last inputs on CPU-only
+    # processes) or by TensorFlow ops (any layout, any device). Both compute the same quantities
+    # (the moments by different passes; see the class docstring), equal to float32 rounding
+    # (tests/model/test_sync_bn.py).
     # Off the kernels, a call without collectives on 4-D input takes TensorFlow's fused batch norm.
     def _compute_dtype_of(self, inputs) -> tf.DType:
         """float64 for float64 inputs (or integer inputs to a float64 layer), float32 for any other
@@ -497,7 +496,7 @@ class SyncBatchNormalization(tf.keras.layers.Layer):
         return input_shape
 
     def get_config(self):
-        ser = tf.keras.initializers.serialize
+        ser = self._keras.initializers.serialize
         config = {
             "axis": self.axis,
             "momentum": self.momentum,
@@ -508,12 +507,39 @@ class SyncBatchNormalization(tf.keras.layers.Layer):
             "gamma_initializer": ser(self.gamma_initializer),
             "moving_mean_initializer": ser(self.moving_mean_initializer),
             "moving_variance_initializer": ser(self.moving_variance_initializer),
-            "beta_regularizer": tf.keras.regularizers.serialize(self.beta_regularizer),
-            "gamma_regularizer": tf.keras.regularizers.serialize(self.gamma_regularizer),
-            "beta_constraint": tf.keras.constraints.serialize(self.beta_constraint),
-            "gamma_constraint": tf.keras.constraints.serialize(self.gamma_constraint),
+            "beta_regularizer": self._keras.regularizers.serialize(self.beta_regularizer),
+            "gamma_regularizer": self._keras.regularizers.serialize(self.gamma_regularizer),
+            "beta_constraint": self._keras.constraints.serialize(self.beta_constraint),
+            "gamma_constraint": self._keras.constraints.serialize(self.gamma_constraint),
             "unbiased_moving_variance": self.unbiased_moving_variance,
             "activation": self.activation,
             "synchronized": self.synchronized,
         }
         return {**super().get_config(), **config}
+
+
+_CLASSES: Dict[str, type] = {}
+
+
+def layer_class(keras: ModuleType) -> type:
+    """:class:`SyncBatchNormalizationBase` as a layer of ``keras`` (a Keras 2 or Keras 3 package;
+    :mod:`hvdtrain.kerases`), registered for deserialization as ``hvdtrain>SyncBatchNormalization``;
+    made once per Keras."""
+    if keras.__name__ not in _CLASSES:
+        version = kerases.version_of(keras.layers.Layer)
+        options = ({"float32_weight": {"autocast": False}, "statistic_weight": {}} if version == 3 else
+                   {"float32_weight": {"experimental_autocast": False},
+                    "statistic_weight": {"synchronization": tf.VariableSynchronization.ON_READ,
+                                         "aggregation": tf.VariableAggregation.MEAN}})
+        cls = type("SyncBatchNormalization", (SyncBatchNormalizationBase, keras.layers.Layer), {
+            "__doc__": SyncBatchNormalizationBase.__doc__, "__module__": "hvdtrain.keras3" if kerases.version_of(keras.layers.Layer) == 3 else __name__, "_keras": keras,
+            "_float32_weight": options["float32_weight"], "_statistic_weight": options["statistic_weight"]})
+        register = keras.saving.register_keras_serializable if version == 3 else keras.utils.register_keras_serializable
+        _CLASSES[keras.__name__] = register(package="hvdtrain")(cls)
+    return _CLASSES[keras.__name__]
+
+
+def __getattr__(name):
+    if name == "SyncBatchNormalization":  # Keras 2's, as hvdtrain.SyncBatchNormalization
+        return layer_class(kerases.keras2())
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

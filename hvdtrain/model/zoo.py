@@ -7,21 +7,22 @@ for classification, ``(batch, H, W, K)`` per pixel for segmentation (``unet``).
 from __future__ import annotations
 
 import sys
-from typing import Callable, Optional, Tuple, Union
+from types import ModuleType
+from typing import Callable, Dict, Optional, Tuple, Union
 
 import tensorflow as tf
 
-from hvdtrain.compat import require_keras2
+from hvdtrain import kerases
 from hvdtrain.errors import HvdtrainError, say
 from hvdtrain.imports import import_function, name_of
 from hvdtrain.model.convert import convert_sync_batchnorm, keras_batch_norm_layers
-from hvdtrain.model.sync_bn import SyncBatchNormalization
+from hvdtrain.model.moving_statistics import sublayers
+from hvdtrain.model.sync_bn import layer_class
 
 BUILTIN_MODELS = ("cnn", "resnet20", "unet")
 
 
-@tf.keras.utils.register_keras_serializable(package="hvdtrain")
-class SeededDropout(tf.keras.layers.Layer):
+class SeededDropoutBase:
     """Dropout whose masks are a pure function of (seed, rank, call count), so a resumed run repeats them.
 
     The call count is a non-trainable int64 weight saved in checkpoints; ``rank`` makes the masks
@@ -49,14 +50,14 @@ class SeededDropout(tf.keras.layers.Layer):
         self.rate, self.seed, self.rank = float(rate), int(seed), int(rank)
 
     def build(self, input_shape):
-        self.calls = self.add_weight(name="calls", shape=(), dtype=tf.int64, initializer="zeros", trainable=False)
+        self.calls = self.add_weight(name="calls", shape=(), dtype="int64", initializer="zeros", trainable=False)
         super().build(input_shape)
 
     def call(self, inputs, training=None):
         if not training or self.rate == 0.0:
             return inputs
         self.calls.assign_add(1)
-        seed = tf.stack([tf.constant(self.seed * 1_000_003 + self.rank, tf.int64), self.calls.read_value()])
+        seed = tf.stack([tf.constant(self.seed * 1_000_003 + self.rank, tf.int64), tf.convert_to_tensor(self.calls)])
         keep = tf.random.stateless_uniform(tf.shape(inputs), seed=seed) >= self.rate
         return tf.where(keep, inputs / (1.0 - self.rate), tf.zeros_like(inputs))
 
@@ -64,7 +65,28 @@ class SeededDropout(tf.keras.layers.Layer):
         return {**super().get_config(), "rate": self.rate, "seed": self.seed, "rank": self.rank}
 
 
-def set_dropout_rank(model: tf.keras.Model, rank: int) -> None:
+_DROPOUTS: Dict[str, type] = {}
+
+
+def dropout_class(keras: ModuleType) -> type:
+    """:class:`SeededDropoutBase` as a layer of ``keras`` (Keras 2 or 3), registered as
+    ``hvdtrain>SeededDropout``; made once per Keras."""
+    if keras.__name__ not in _DROPOUTS:
+        cls = type("SeededDropout", (SeededDropoutBase, keras.layers.Layer),
+                   {"__doc__": SeededDropoutBase.__doc__, "__module__": "hvdtrain.keras3" if kerases.version_of(keras.layers.Layer) == 3 else __name__})
+        register = (keras.saving.register_keras_serializable if kerases.version_of(keras.layers.Layer) == 3
+                    else keras.utils.register_keras_serializable)
+        _DROPOUTS[keras.__name__] = register(package="hvdtrain")(cls)
+    return _DROPOUTS[keras.__name__]
+
+
+def __getattr__(name):
+    if name == "SeededDropout":  # Keras 2's; hvdtrain.keras3.SeededDropout is Keras 3's
+        return dropout_class(kerases.keras2())
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def set_dropout_rank(model, rank: int) -> None:
     """Key the masks of every :class:`SeededDropout` in ``model`` by ``rank`` from now on.
 
     An elastic reset renumbers the ranks of the surviving and joining workers, while the model
@@ -75,8 +97,8 @@ def set_dropout_rank(model: tf.keras.Model, rank: int) -> None:
         model: a Keras model; layers other than :class:`SeededDropout` are left alone.
         rank: int, this process's current rank.
     """
-    for layer in model.submodules:
-        if isinstance(layer, SeededDropout):
+    for layer in sublayers(model):
+        if isinstance(layer, SeededDropoutBase):
             layer.rank = int(rank)
 
 
@@ -84,20 +106,22 @@ Norm = Callable[..., tf.Tensor]
 """``norm(x, relu=False)``: a new batch norm layer applied to the Keras tensor ``x``, then a ReLU if ``relu``."""
 
 
-def unfused_norm(make_layer: Callable[[], tf.keras.layers.Layer]) -> Norm:
-    """A :data:`Norm` from a batch norm layer that cannot apply the ReLU itself: a ReLU layer follows it.
+def unfused_norm(make_layer: Callable) -> Norm:
+    """A :data:`Norm` from a batch norm layer that cannot apply the ReLU itself: a ReLU layer (of
+    the same Keras) follows it.
 
     Args:
-        make_layer: returns a new batch norm layer, e.g. ``tf.keras.layers.BatchNormalization``.
+        make_layer: returns a new batch norm layer, e.g. Keras' ``BatchNormalization``.
     """
     def norm(x, relu: bool = False):
-        x = make_layer()(x)
-        return tf.keras.layers.ReLU()(x) if relu else x
+        layer = make_layer()
+        x = layer(x)
+        return kerases.module(kerases.version_of(layer)).layers.ReLU()(x) if relu else x
 
     return norm
 
 
-def norm_factory(sync_bn: bool = True) -> Norm:
+def norm_factory(sync_bn: bool = True, keras: Optional[ModuleType] = None) -> Norm:
     """Batch norm for the built-in models: hvdtrain's layer, synchronized or per-rank, momentum 0.9.
 
     Momentum 0.9 makes the moving statistics settle within ~50 steps, so evaluation is sound from
@@ -108,15 +132,18 @@ def norm_factory(sync_bn: bool = True) -> Norm:
     (``benchmarks/bn_overhead.py``), and the two modes' models have the same layers, so a
     checkpoint of either resumes in the other. (Its moving variance is the biased one, Keras' fused
     layer's the unbiased: they differ by n/(n-1), n the examples times the positions per channel.)
+    ``keras``: the Keras package of the layers (default Keras 2).
     """
+    layer = layer_class(keras or kerases.keras2())
+
     def norm(x, relu: bool = False):
-        return SyncBatchNormalization(momentum=0.9, activation="relu" if relu else None, synchronized=sync_bn)(x)
+        return layer(momentum=0.9, activation="relu" if relu else None, synchronized=sync_bn)(x)
 
     return norm
 
 
 def seed_cnn(input_shape: Tuple[int, int, int], num_classes: int, norm: Optional[Norm] = None,
-             dropout: float = 0.25, seed: int = 0, rank: int = 0) -> tf.keras.Model:
+             dropout: float = 0.25, seed: int = 0, rank: int = 0, keras: Optional[ModuleType] = None):
     """The seed CNN: (conv3x3-BN-ReLU-maxpool) x2 (32, 64 filters), dense(128)-BN-ReLU-dropout, dense.
 
     Args:
@@ -125,26 +152,28 @@ def seed_cnn(input_shape: Tuple[int, int, int], num_classes: int, norm: Optional
         norm: applies each batch norm (and the ReLU after it); default :func:`norm_factory` ``()``
             (synchronized).
         dropout: dropout rate before the classifier.
-        seed, rank: seed the dropout masks (see :class:`SeededDropout`).
+        seed, rank: seed the dropout masks (see :class:`SeededDropoutBase`).
+        keras: the Keras package to build with (default Keras 2; :mod:`hvdtrain.kerases`).
     """
-    norm = norm or norm_factory()
-    inputs = tf.keras.Input(input_shape)
+    k = keras or kerases.keras2()
+    norm = norm or norm_factory(keras=k)
+    inputs = k.Input(input_shape)
     x = inputs
     for filters in (32, 64):
-        x = tf.keras.layers.Conv2D(filters, 3, padding="same", use_bias=False)(x)
+        x = k.layers.Conv2D(filters, 3, padding="same", use_bias=False)(x)
         x = norm(x, relu=True)
-        x = tf.keras.layers.MaxPool2D()(x)
-    x = tf.keras.layers.Flatten()(x)
-    x = tf.keras.layers.Dense(128, use_bias=False)(x)
+        x = k.layers.MaxPool2D()(x)
+    x = k.layers.Flatten()(x)
+    x = k.layers.Dense(128, use_bias=False)(x)
     x = norm(x, relu=True)
     if dropout:
-        x = SeededDropout(dropout, seed=seed, rank=rank)(x)
-    outputs = tf.keras.layers.Dense(num_classes)(x)
-    return tf.keras.Model(inputs, outputs, name="seed_cnn")
+        x = dropout_class(k)(dropout, seed=seed, rank=rank)(x)
+    outputs = k.layers.Dense(num_classes)(x)
+    return k.Model(inputs, outputs, name="seed_cnn")
 
 
 def resnet20(input_shape: Tuple[int, int, int], num_classes: int, norm: Optional[Norm] = None,
-             **_unused) -> tf.keras.Model:
+             keras: Optional[ModuleType] = None, **_unused):
     """ResNet-20 for small images: 3 stages x 3 basic blocks (16, 32, 64 filters), global pool, dense.
 
     He, Zhang, Ren & Sun, "Deep Residual Learning for Image Recognition", CVPR 2016, §4.2 (n = 3),
@@ -155,14 +184,15 @@ def resnet20(input_shape: Tuple[int, int, int], num_classes: int, norm: Optional
         num_classes: output logits.
         norm: applies each batch norm (and the ReLU after it); default :func:`norm_factory` ``()``
             (synchronized).
+        keras: the Keras package to build with (default Keras 2).
     """
-    norm = norm or norm_factory()
+    k = keras or kerases.keras2()
+    norm = norm or norm_factory(keras=k)
 
     def conv(filters, kernel, strides=1):
-        return tf.keras.layers.Conv2D(filters, kernel, strides, padding="same", use_bias=False,
-                                      kernel_initializer="he_normal")
+        return k.layers.Conv2D(filters, kernel, strides, padding="same", use_bias=False, kernel_initializer="he_normal")
 
-    inputs = tf.keras.Input(input_shape)
+    inputs = k.Input(input_shape)
     x = norm(conv(16, 3)(inputs), relu=True)
     for stage, filters in enumerate((16, 32, 64)):
         for block in range(3):
@@ -172,14 +202,14 @@ def resnet20(input_shape: Tuple[int, int, int], num_classes: int, norm: Optional
             y = norm(conv(filters, 3)(y))
             if strides != 1 or shortcut.shape[-1] != filters:
                 shortcut = norm(conv(filters, 1, strides)(shortcut))
-            x = tf.keras.layers.ReLU()(tf.keras.layers.Add()([shortcut, y]))
-    x = tf.keras.layers.GlobalAveragePooling2D()(x)
-    outputs = tf.keras.layers.Dense(num_classes)(x)
-    return tf.keras.Model(inputs, outputs, name="resnet20")
+            x = k.layers.ReLU()(k.layers.Add()([shortcut, y]))
+    x = k.layers.GlobalAveragePooling2D()(x)
+    outputs = k.layers.Dense(num_classes)(x)
+    return k.Model(inputs, outputs, name="resnet20")
 
 
 def unet(input_shape: Tuple[int, int, int], num_classes: int, norm: Optional[Norm] = None,
-         filters: Tuple[int, ...] = (16, 32, 64), **_unused) -> tf.keras.Model:
+         filters: Tuple[int, ...] = (16, 32, 64), keras: Optional[ModuleType] = None, **_unused):
     """A small U-Net: per-pixel logits ``(batch, H, W, K)``, batch norm after every convolution.
 
     Ronneberger, Fischer & Brox, "U-Net: Convolutional Networks for Biomedical Image
@@ -196,11 +226,13 @@ def unet(input_shape: Tuple[int, int, int], num_classes: int, norm: Optional[Nor
         norm: applies each batch norm and the ReLU after it; default :func:`norm_factory` ``()``
             (synchronized).
         filters: channels per level, from the top.
+        keras: the Keras package to build with (default Keras 2).
 
     Raises:
         HvdtrainError: if H or W is not divisible by the total pooling factor.
     """
-    norm = norm or norm_factory()
+    k = keras or kerases.keras2()
+    norm = norm or norm_factory(keras=k)
     factor = 2 ** (len(filters) - 1)
     if input_shape[0] % factor or input_shape[1] % factor:
         raise HvdtrainError(f"--model unet pools {len(filters) - 1} times: the images' height and width must be "
@@ -208,35 +240,35 @@ def unet(input_shape: Tuple[int, int, int], num_classes: int, norm: Optional[Nor
 
     def block(x, channels):
         for _ in range(2):
-            x = tf.keras.layers.Conv2D(channels, 3, padding="same", use_bias=False, kernel_initializer="he_normal")(x)
+            x = k.layers.Conv2D(channels, 3, padding="same", use_bias=False, kernel_initializer="he_normal")(x)
             x = norm(x, relu=True)
         return x
 
-    inputs = tf.keras.Input(input_shape)
+    inputs = k.Input(input_shape)
     x, skips = inputs, []
     for channels in filters[:-1]:
         x = block(x, channels)
         skips.append(x)
-        x = tf.keras.layers.MaxPool2D()(x)
+        x = k.layers.MaxPool2D()(x)
     x = block(x, filters[-1])
     for channels, skip in zip(reversed(filters[:-1]), reversed(skips)):
-        x = tf.keras.layers.Conv2DTranspose(channels, 2, strides=2)(x)
-        x = block(tf.keras.layers.Concatenate()([skip, x]), channels)
-    outputs = tf.keras.layers.Conv2D(num_classes, 1)(x)
-    return tf.keras.Model(inputs, outputs, name="unet")
+        x = k.layers.Conv2DTranspose(channels, 2, strides=2)(x)
+        x = block(k.layers.Concatenate()([skip, x]), channels)
+    outputs = k.layers.Conv2D(num_classes, 1)(x)
+    return k.Model(inputs, outputs, name="unet")
 
 
 def build_model(spec: Union[str, Callable], input_shape: Tuple[int, int, int], num_classes: int, sync_bn: bool = True,
                 seed: int = 0, rank: int = 0, output_shape: Optional[Tuple[int, ...]] = None,
-                outputs: str = "logits", convert_sync_bn: bool = False, world_size: int = 1) -> tf.keras.Model:
+                outputs: str = "logits", convert_sync_bn: bool = False, world_size: int = 1, keras: int = 0):
     """Build the model named by ``--model`` and check its output shape.
 
     Args:
         spec: ``"cnn"``, ``"resnet20"``, ``"unet"``, or a function (itself, or its
             ``"package.module:function"`` name) called as ``function(input_shape=(H, W, C),
             num_classes=K)`` that returns an
-            uncompiled ``tf.keras.Model`` mapping ``(batch, H, W, C)`` float32 images in [0, 1]
-            to ``(batch, *output_shape)`` outputs. (Use :class:`hvdtrain.SyncBatchNormalization`
+            uncompiled Keras model (Keras 2 or 3) mapping ``(batch, H, W, C)`` float32 images in
+            [0, 1] to ``(batch, *output_shape)`` outputs. (Use hvdtrain's ``SyncBatchNormalization``
             in it for synchronized batch statistics.)
         input_shape: ``(H, W, C)``.
         num_classes: ``K``.
@@ -248,23 +280,27 @@ def build_model(spec: Union[str, Callable], input_shape: Tuple[int, int, int], n
         convert_sync_bn: replace a model function's Keras batch norm layers by synchronized ones
             (:func:`hvdtrain.model.convert.convert_sync_batchnorm`). Without it, at ``world_size``
             > 1 rank 0 warns once of Keras batch norm layers, which normalize each rank's batch alone.
+        keras: ``--keras``: the Keras of the built-in models, 2 or 3 (0: TensorFlow's default); a
+            model function's model must be of it where given.
 
     Returns:
-        The built ``tf.keras.Model``.
+        The built Keras model.
 
     Raises:
         HvdtrainError: for an unknown name, a module or function that cannot be imported, a
-            function that does not return a Keras model or returns a Keras 3 one, or a model that
-            fails on a batch of two images or does not return one ``(2, *output_shape)`` tensor for it.
+            function that does not return a Keras model (or one of another Keras than ``keras``,
+            or of both), or a model that fails on a batch of two images or does not return one
+            ``(2, *output_shape)`` tensor for it.
     """
     if callable(spec):
-        model = _user_model(spec, spec, input_shape, num_classes, rank)
+        model = _user_model(spec, spec, input_shape, num_classes, rank, keras)
         spec = name_of(spec)
     elif spec in BUILTIN_MODELS:
         build = {"cnn": seed_cnn, "resnet20": resnet20, "unet": unet}[spec]
-        model = build(input_shape, num_classes, norm=norm_factory(sync_bn), seed=seed, rank=rank)
+        k = kerases.module(kerases.choose(keras))
+        model = build(input_shape, num_classes, norm=norm_factory(sync_bn, k), seed=seed, rank=rank, keras=k)
     else:
-        model = _user_model(_import_model(spec), spec, input_shape, num_classes, rank)
+        model = _user_model(_import_model(spec), spec, input_shape, num_classes, rank, keras)
     keras_norms = keras_batch_norm_layers(model)
     per_rank = [layer for layer in keras_norms if layer.trainable]  # frozen ones use moving statistics
     if keras_norms and convert_sync_bn:
@@ -300,7 +336,7 @@ def _import_model(spec: str) -> Callable:
     return import_function(spec, "--model")
 
 
-def _user_model(fn: Callable, spec, input_shape: Tuple[int, int, int], num_classes: int, rank: int) -> tf.keras.Model:
+def _user_model(fn: Callable, spec, input_shape: Tuple[int, int, int], num_classes: int, rank: int, keras: int = 0):
     """The model of a user's model function ``fn`` (``spec``: it, or its name), built (see :func:`build_model`)."""
     spec = name_of(spec)
     try:
@@ -309,20 +345,26 @@ def _user_model(fn: Callable, spec, input_shape: Tuple[int, int, int], num_class
         raise
     except (Exception, SystemExit) as e:  # noqa: BLE001 -- the user's code (even a sys.exit): report it as theirs
         raise HvdtrainError(f"--model {spec!r}: the function raised {type(e).__name__}: {e}") from e
-    require_keras2(model)  # a Keras 3 model: its gradients would not be averaged
-    if not isinstance(model, tf.keras.Model):
-        raise HvdtrainError(f"--model {spec!r}: the function returned {type(model).__name__}, not a tf.keras.Model")
+    version = kerases.version_of(model)
+    if version is None or not isinstance(model, kerases.module(version).Model):
+        raise HvdtrainError(f"--model {spec!r}: the function returned {type(model).__name__}, not a Keras model")
+    kerases.choose(keras, model=model)  # one Keras in the model, and --keras's
     if not model.built:  # a subclassed or Input-less model: create its weights for this input shape
         try:
             model.build((None, *input_shape))
         except (Exception, SystemExit) as e:  # noqa: BLE001 -- the user's code
             raise HvdtrainError(f"--model {spec!r}: cannot build the model for inputs (None, "
                                 f"{', '.join(map(str, input_shape))}): {type(e).__name__}: {e}") from e
-    random = sorted({type(m).__name__ for m in model.submodules
-                     if isinstance(m, tf.keras.__internal__.layers.BaseRandomLayer)})
+    random = sorted({type(m).__name__ for m in sublayers(model) if _keeps_random_state_apart(m)})
     if random and rank == 0:
         say(f"hvdtrain: warning: --model {spec!r} has Keras random layers ({', '.join(random)}), whose random "
             f"state is not among the model's variables: after --resume or an elastic reset their draws start "
             f"over, so the run no longer equals an uninterrupted one (hvdtrain.model.zoo.SeededDropout keeps "
             f"its state in the checkpoint)", sys.stderr)
     return model
+
+
+def _keeps_random_state_apart(layer) -> bool:
+    """A Keras 2 random layer (``Dropout``...), whose random generator's state is no variable of
+    the model. (Keras 3's random layers keep theirs in a seed generator's variable, checkpointed.)"""
+    return kerases.version_of(layer) == 2 and isinstance(layer, kerases.keras2().__internal__.layers.BaseRandomLayer)

@@ -63,11 +63,18 @@ def broadcast_object(obj, root_rank: int = 0, name: Optional[str] = None):
 
 
 def broadcast_variables(variables, root_rank: int = 0) -> None:
-    """Overwrite ``variables`` (TensorFlow variables, the same list on every rank) with
-    ``root_rank``'s values on every rank of the job Horovod runs now (a collective)."""
+    """Overwrite ``variables`` (TensorFlow variables, or Keras 3's, the same list on every rank)
+    with ``root_rank``'s values on every rank of the job Horovod runs now (a collective)."""
     import horovod.tensorflow as hvd
 
-    hvd.broadcast_variables(list(variables), root_rank=root_rank)
+    hvd.broadcast_variables([tf_variable(v) for v in variables], root_rank=root_rank)
+
+
+def tf_variable(variable):
+    """The ``tf.Variable`` of a Keras 3 variable (which holds one as ``value``), or ``variable``."""
+    import tensorflow as tf
+
+    return variable if isinstance(variable, tf.Variable) else getattr(variable, "value", variable)
 
 
 def restart_horovod() -> None:

@@ -56,6 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--verbose", action="store_true", help="list every variable's difference, noise and update")
     p.add_argument("--convert-sync-bn", action="store_true",
                    help="convert the model's Keras BatchNormalization layers to synchronized ones first")
+    p.add_argument("--keras", type=int, choices=(2, 3), default=0,
+                   help="the Keras of a built-in model (default: TensorFlow's); a --model function's brings its own")
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)  # OUT.npz: run as a rank
     p.add_argument("--reverse", action="store_true", help=argparse.SUPPRESS)  # each batch's examples reversed
     return p
@@ -66,10 +68,11 @@ def worker(a) -> None:
     from hvdtrain.runtime.dist import init_distributed
 
     ctx = init_distributed(threads=1)
-    import tensorflow as tf
 
+    from hvdtrain import kerases
     from hvdtrain.config import OptimConfig
     from hvdtrain.data.datasets import load_dataset
+    from hvdtrain.kerases import set_random_seed
     from hvdtrain.data.sharding import ShardPlan
     from hvdtrain.losses import get_loss
     from hvdtrain.model.zoo import build_model
@@ -85,21 +88,22 @@ def worker(a) -> None:
         raise HvdtrainError(f"{dataset.name}: {dataset.num_train} examples give {plan.steps_per_epoch} global batches "
                             f"of {plan.global_batch}, fewer than --steps {a.steps}")
     objective = build_objective(loss, (), dataset)
-    tf.keras.utils.set_random_seed(a.seed)  # the same initial weights at both world sizes (rank 0's)
+    set_random_seed(a.seed)  # the same initial weights at both world sizes (rank 0's)
     model = build_model(a.model, dataset.input_shape, dataset.num_classes, seed=a.seed, rank=ctx.rank,
-                        convert_sync_bn=a.convert_sync_bn, **expected_outputs(loss, dataset))
+                        convert_sync_bn=a.convert_sync_bn, keras=a.keras, **expected_outputs(loss, dataset))
     config = OptimConfig(base_lr=a.lr / ctx.size, momentum=0.0, warmup_epochs=0, lr_schedule="constant")
-    optimizer, _ = build_optimizer(config, ctx.size, plan.steps_per_epoch, 1, model.trainable_variables)
+    optimizer, _ = build_optimizer(config, ctx.size, plan.steps_per_epoch, 1, model.trainable_variables,
+                                   kerases.module(kerases.version_of(model)))
     broadcast_state(ctx, model, optimizer)
     trainer = Trainer(ctx, model, optimizer, dataset, plan, objective=objective)
-    snapshots = {f"0:{i}:{v.name}": v.numpy() for i, v in enumerate(model.variables)}
+    snapshots = {f"0:{i}:{_name(v)}": v.numpy() for i, v in enumerate(model.variables)}
     for step, indices, global_count in plan.epoch(0):
         if step == a.steps:
             break
         # The same examples summed in another order: the float32 rounding noise of this model.
         trainer.train_step(indices[::-1] if a.reverse else indices, np.float32(global_count))
         if step + 1 in (1, a.steps):
-            snapshots.update({f"{step + 1}:{i}:{v.name}": v.numpy() for i, v in enumerate(model.variables)})
+            snapshots.update({f"{step + 1}:{i}:{_name(v)}": v.numpy() for i, v in enumerate(model.variables)})
     if ctx.rank == 0:
         from hvdtrain.model.convert import keras_batch_norm_layers
 
@@ -144,9 +148,15 @@ def total(rows: List[Row], field: str) -> float:
     return float(np.sqrt(sum(getattr(row, field) ** 2 for row in rows)))
 
 
+def _name(variable) -> str:
+    """A variable's name with its layer's: Keras 2's ``name`` (``block_1_expand_BN/gamma:0``), Keras 3's ``path``."""
+    return getattr(variable, "path", None) or variable.name
+
+
 def layer_of(variable: str) -> str:
-    """``block_1_expand_BN`` of ``block_1_expand_BN/gamma:0`` (the variable itself where it has no layer)."""
-    return variable.rsplit("/", 1)[0] if "/" in variable else variable
+    """``block_1_expand_BN`` of ``block_1_expand_BN/gamma:0`` or of Keras 3's ``functional/block_1_expand_BN/gamma``
+    (the variable itself where it has no layer)."""
+    return variable.rsplit("/", 2)[-2] if "/" in variable else variable
 
 
 def failure(output: str) -> str:

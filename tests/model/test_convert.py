@@ -103,7 +103,7 @@ def test_what_cannot_be_converted_is_named():
     model(np.zeros((2, 4), np.float32))
     with pytest.raises(HvdtrainError, match="cannot replace the batch norm layer 'hidden'"):
         convert_sync_batchnorm(model)
-    with pytest.raises(HvdtrainError, match="takes a tf.keras.Model"):
+    with pytest.raises(HvdtrainError, match="takes a Keras model"):
         convert_sync_batchnorm(tf.keras.layers.Dense(2))
     plain = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(2)])
     assert convert_sync_batchnorm(plain) is plain

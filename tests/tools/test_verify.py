@@ -9,6 +9,7 @@ import pytest
 from hvdtrain.config import DEFAULT_DATA_DIR
 from hvdtrain.data.datasets import load_dataset
 from tests.ranks import REPO, rank_env
+from tests.test_kerases import needs_keras3
 
 
 def verify(model, *args, dataset=("--dataset", "synthetic")):
@@ -45,12 +46,13 @@ def cifar_like(tmp_path_factory):
     return ("--dataset", "npz", "--data-dir", str(path))
 
 
+@pytest.mark.parametrize("model", ["mobilenet_v2", pytest.param("keras3_mobilenet_v2", marks=needs_keras3)])
 @pytest.mark.parametrize("convert", [True, False])
-def test_mobilenet_v2_passes_converted_and_fails_as_it_is(cifar_like, convert):
+def test_mobilenet_v2_passes_converted_and_fails_as_it_is(cifar_like, convert, model):
     """After 2 steps the converted model is within its rounding noise, though MobileNetV2's training
     amplifies that noise (after 10 steps the reversed order alone moves it as much as its update);
-    as it is, its 52 Keras BatchNormalization layers are named."""
-    result = verify("tests.models:mobilenet_v2", "--steps", "2", *(["--convert-sync-bn"] if convert else []),
+    as it is, its 52 Keras BatchNormalization layers are named. Keras 2's and Keras 3's model alike."""
+    result = verify(f"tests.models:{model}", "--steps", "2", *(["--convert-sync-bn"] if convert else []),
                     dataset=cifar_like)
     assert result.returncode == (0 if convert else 1), result.stdout + result.stderr
     if convert:

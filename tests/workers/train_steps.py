@@ -2,7 +2,8 @@
 
 Usage: python -m tests.workers.train_steps OUT.npz MODEL SIZES STEPS [--lr LR] [--fp16-allreduce]
            [--backward-passes-per-step K] [--optimizer NAME] [--nesterov] [--weight-decay WD] [--clip-norm C]
-           [--precision fp32|bf16|fp16] [--xla] [--overflow RANK:STEP] [--reverse]
+           [--precision fp32|bf16|fp16] [--xla] [--overflow RANK:STEP] [--reverse] [--convert-sync-bn]
+           [--users-optimizer]
 SIZES is a comma-separated local batch size per rank (e.g. "16,16", "3,13", or "32" for one
 process). Step s uses the s-th block of sum(SIZES) examples of a fixed permutation; rank r takes
 its SIZES[r] consecutive examples of that block -- so every world size sees the same global batches.
@@ -10,6 +11,8 @@ The effective learning rate is LR whatever the world size (the base rate is LR /
 --reverse feeds each global batch's examples in reverse order (the same batch, summed in another order).
 --overflow RANK:STEP scales that rank's images at that step (0-based) by 1e6: float16 activations
 overflow there, on that rank only. Weights are also saved before that step ("before_overflow/").
+--convert-sync-bn converts the model's Keras BatchNormalization layers; --users-optimizer trains with
+an optimizer built here of the model's Keras (Keras' Adam on LR), as a user's own, not hvdtrain's.
 """
 import argparse
 
@@ -44,12 +47,15 @@ def main():
     p.add_argument("--xla", action="store_true")
     p.add_argument("--overflow", default="-1:-1")
     p.add_argument("--reverse", action="store_true")
+    p.add_argument("--convert-sync-bn", action="store_true")
+    p.add_argument("--users-optimizer", action="store_true")
     a = p.parse_args()
 
     ctx = init_distributed(threads=1)
     import tensorflow as tf
+    from hvdtrain import kerases
     from hvdtrain.model.zoo import build_model
-    from hvdtrain.optim import build_optimizer
+    from hvdtrain.optim import build_optimizer, users_optimizer
     from hvdtrain.precision import DynamicLossScale, set_precision
     from hvdtrain.step import gathered, make_train_step
     from hvdtrain.trainer import Trainer, broadcast_state
@@ -58,14 +64,20 @@ def main():
     assert len(sizes) == ctx.size, f"{len(sizes)} sizes for world size {ctx.size}"
     global_batch = sum(sizes)
     dataset = make_synthetic(num_train=global_batch * a.steps, num_test=10, image_shape=(8, 8, 1), seed=a.seed)
-    tf.keras.utils.set_random_seed(a.seed + ctx.rank)  # different per rank: the broadcast must fix it
+    kerases.set_random_seed(a.seed + ctx.rank)  # different per rank: the broadcast must fix it
     set_precision(a.precision)
-    model = build_model(a.model, dataset.input_shape, dataset.num_classes, seed=a.seed, rank=ctx.rank)
+    model = build_model(a.model, dataset.input_shape, dataset.num_classes, seed=a.seed, rank=ctx.rank,
+                        convert_sync_bn=a.convert_sync_bn, world_size=ctx.size)
+    keras = kerases.module(kerases.version_of(model))
     config = OptimConfig(name=a.optimizer, base_lr=a.lr / ctx.size, momentum=0.9, nesterov=a.nesterov,
                          weight_decay=a.weight_decay, clip_norm=a.clip_norm, warmup_epochs=0, lr_schedule="constant",
                          fp16_allreduce=a.fp16_allreduce, backward_passes_per_step=a.backward_passes_per_step)
-    optimizer, _ = build_optimizer(config, ctx.size, steps_per_epoch=a.steps, epochs=1,
-                                   variables=model.trainable_variables)
+    if a.users_optimizer:
+        optimizer = users_optimizer(keras.optimizers.Adam(a.lr, global_clipnorm=a.clip_norm or None), config)
+        optimizer.build(model.trainable_variables)
+    else:
+        optimizer, _ = build_optimizer(config, ctx.size, steps_per_epoch=a.steps, epochs=1,
+                                       variables=model.trainable_variables, keras=keras)
     loss_scale = DynamicLossScale(optimizer) if a.precision == "fp16" else None
     before = [v.numpy() for v in model.variables]
     broadcast_state(ctx, model, optimizer)
