@@ -18,8 +18,9 @@ alternating order, each a fresh process pinned to as many cores as threads:
 - *antialiasing*: hvdtrain's training view with ``antialias=True``, and the resize error (PSNR
   against a Lanczos-3 antialiased resize of the same crop) with and without it.
 
-Prints img/s per variant (median over rounds), hvdtrain / reference per core and the 1 -> 2
-thread scaling, and how many cores feed one GPU at ``--target`` img/s. Tables only, no plot.
+Prints img/s per variant (median over rounds), hvdtrain / reference per core, the 1 -> 2 thread
+scaling of both (the reference's is what the machine allows), and how many cores feed one GPU at
+``--target`` img/s. Tables only, no plot.
 """
 import argparse
 import os
@@ -194,13 +195,14 @@ def main() -> None:
                        f"{median[one]:,.0f}", f"{median[('reference', kind, split, 1)]:,.0f}",
                        f"{ratio(one, ('reference', kind, split, 1)):.2f}"]
                 if len(threads) > 1:
-                    two = ("hvdtrain", kind, split, 2)
-                    row += [f"{median[two]:,.0f}", f"{ratio(two, one) / 2:.2f}"]
+                    two, reference = ("hvdtrain", kind, split, 2), ("reference", kind, split)
+                    row += [f"{median[two]:,.0f}", f"{ratio(two, one) / 2:.2f}",
+                            f"{ratio((*reference, 2), (*reference, 1)) / 2:.2f}"]
                 row.append(f"{a.target / median[one]:.1f}")
                 rows.append(row)
         header = ["data", "view", "hvdtrain img/s, 1 core", "reference img/s, 1 core", "hvdtrain / reference"]
         if len(threads) > 1:
-            header += ["hvdtrain img/s, 2 cores", "2-core / (2 x 1-core)"]
+            header += ["hvdtrain img/s, 2 cores", "2-core / (2 x 1-core)", "reference's 2-core / (2 x 1-core)"]
         header.append(f"cores per GPU at {a.target:,.0f} img/s")
         common.print_table(header, rows, f"ImageNet-like JPEGs to 224x224, local batch {a.batch_size}, "
                                          f"{a.rounds} round(s), medians")

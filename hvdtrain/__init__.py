@@ -19,7 +19,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
 __version__ = "0.1.0"
 
 __all__ = ["fit", "FitResult", "Config", "Callback", "SyncBatchNormalization", "convert_sync_batchnorm", "load_model",
-           "Trainer", "ShardPlan", "init_distributed", "HvdtrainError", "keras3", "__version__"]
+           "Trainer", "ShardPlan", "init_distributed", "HvdtrainError", "__version__"]
 
 from hvdtrain.errors import HvdtrainError  # noqa: E402
 

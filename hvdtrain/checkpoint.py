@@ -24,6 +24,7 @@ from typing import Optional
 
 import tensorflow as tf
 
+from hvdtrain import kerases
 from hvdtrain.errors import HvdtrainError, describe_differences
 from hvdtrain.files import fsync_dir, refuse_a_file_in_the_way
 
@@ -130,7 +131,10 @@ class CheckpointManager:
         self.directory = directory
         self.model = model
         self.keep = keep
-        self._checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer)
+        # Keras 3 keeps layers held in a list or dict of a subclassed model out of TensorFlow's
+        # object graph: the model's variables, listed too, are all saved.
+        keras3 = {"model_variables": list(model.variables)} if kerases.version_of(model) == 3 else {}
+        self._checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, **keras3)
         _refuse_a_file(directory)
         try:
             os.makedirs(directory, exist_ok=True)

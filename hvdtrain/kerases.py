@@ -13,6 +13,7 @@ must run on its TensorFlow backend: Horovod's collectives are TensorFlow ops.
 """
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 import random
@@ -22,6 +23,7 @@ from typing import Iterable, Optional, Tuple
 
 from hvdtrain.errors import HvdtrainError
 
+@functools.lru_cache(maxsize=None)
 def _installed_keras_major() -> int:
     """The major version of the installed ``keras`` package (0 where there is none), without importing it."""
     import importlib.metadata

@@ -127,12 +127,13 @@ def build_optimizer(config: OptimConfig, world_size: int, steps_per_epoch: int, 
     """The configured optimizer on :class:`WarmupScheduleBase`, wrapped in ``hvd.DistributedOptimizer``.
 
     ``sgd`` (momentum, optionally Nesterov's), ``adam`` (Kingma & Ba 2015) or ``adamw`` (Adam with
-    decoupled weight decay, Loshchilov & Hutter 2019), Keras' implementations. The wrapper
-    averages gradients over ranks by ring-allreduce (tensor fusion batches them into few large
-    messages) in ``compute_gradients``; use it as
-    ``opt.apply_gradients(opt.compute_gradients(loss, variables, tape=tape))``. Keras clips
-    (``clip_norm``: ``global_clipnorm``) and decays weights in ``apply_gradients``, so both act on
-    the averaged gradient, as one process on the global batch would.
+    decoupled weight decay, Loshchilov & Hutter 2019), Keras' implementations (of Keras 2 or 3).
+    The wrapper averages gradients over ranks by ring-allreduce (tensor fusion batches them into
+    few large messages): Keras 2's in ``compute_gradients``
+    (``opt.apply_gradients(opt.compute_gradients(loss, variables, tape=tape))``), Keras 3's in
+    ``apply`` (``opt.apply(tape.gradient(loss, variables), variables)``). Keras clips
+    (``clip_norm``: ``global_clipnorm``) and decays weights in the update, after the allreduce, so
+    both act on the averaged gradient, as one process on the global batch would.
 
     Args:
         config: the optimizer section of the run's config.

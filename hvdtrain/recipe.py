@@ -56,7 +56,7 @@ class Parts:
         metrics: names, :class:`~hvdtrain.metrics.Metric` objects or callables; None: ``config.task.metrics``.
         callbacks: more :class:`~hvdtrain.callbacks.Callback` objects (chief-only ones run on rank 0
             only) and Keras callbacks (:mod:`hvdtrain.keras_callbacks`).
-        optimizer: a Keras 2 optimizer of the caller's, its learning rate (or schedule) used as it
+        optimizer: a Keras optimizer of the caller's (of the model's Keras), its learning rate (or schedule) used as it
             is; None: ``config.optim``'s, on hvdtrain's warmup schedule scaled by world size."""
 
     model: Optional[Union[str, Callable]] = None

@@ -2,8 +2,9 @@
 
 Three shapes of one step, picked by :func:`make_train_step`:
 
-* float32 and bf16 (the default): the backward pass, Horovod's allreduce of the gradients (the
-  wrapped optimizer's ``_allreduce``) and the update, in one ``tf.function``;
+* float32 and bf16 (the default): the backward pass, Horovod's allreduce of the gradients and the
+  update, in one ``tf.function`` (Keras 2: the wrapped ``compute_gradients``, then
+  ``apply_gradients``; Keras 3: the wrapped ``_allreduce``, then ``_apply_allreduced``);
 * ``--xla``: the forward and backward pass is compiled by XLA (``jit_compile``); Horovod's
   allreduce, which is no XLA op, and the update run after it, outside;
 * ``--precision fp16``: the loss is scaled before the backward pass and the gradients unscaled
@@ -120,6 +121,7 @@ def make_train_step(model, optimizer, world_size: int, inputs: StepInputs,
 
     signature = [*inputs.signature, tf.TensorSpec([], tf.float32)]
     allreduce, apply = _allreduce(optimizer), _apply(optimizer)
+    keras2 = not hasattr(optimizer, "stateless_apply")  # Keras 3's optimizers have it
     if loss_scale is None and not xla:
         @tf.function(input_signature=signature)
         def train_step(*args):
@@ -127,8 +129,13 @@ def make_train_step(model, optimizer, world_size: int, inputs: StepInputs,
             images, labels = inputs.batch(*batch)
             with tf.GradientTape() as tape:
                 loss, batch_sums = scaled_loss(images, labels, global_count)
-            # Horovod's ring-allreduce averages the gradients over ranks, before the update.
-            apply(allreduce(tape.gradient(loss, variables), variables), variables)
+            # Horovod's ring-allreduce averages the gradients over ranks, before the update: in a
+            # Keras 2 wrapper's compute_gradients (which a user's optimizer may override), in
+            # Keras 3's _allreduce.
+            if keras2:
+                _as_is(optimizer.apply_gradients)(_as_is(optimizer.compute_gradients)(loss, variables, tape=tape))
+            else:
+                apply(allreduce(tape.gradient(loss, variables), variables), variables)
             sums.assign_add(batch_sums)
 
         return train_step, None

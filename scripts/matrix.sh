@@ -17,8 +17,9 @@ SMOKE=(
   tests/test_trainer.py::test_sync_bn_cnn_matches_global_batch
   tests/model/test_sync_bn.py::test_matches_global_batch_oracle
   tests/test_cli.py::test_resume_mid_epoch_is_exact
-  tests/test_compat.py
+  tests/test_kerases.py
   tests/data/test_stream.py
+  tests/data/test_images.py
   tests/test_streaming.py::test_image_folder_trains_exactly_as_in_memory
   tests/test_losses.py
   tests/test_metrics.py

@@ -7,6 +7,7 @@ import pytest
 from hvdtrain.api import as_dataset, resolve_config
 from hvdtrain.config import Config
 from hvdtrain.errors import HvdtrainError
+from tests.test_kerases import needs_keras3
 from tests.ranks import run_ranks
 
 
@@ -25,6 +26,19 @@ def test_custom_task_example_trains_a_model_function_with_a_callable_metric_at_t
     assert epoch["test_accuracy"] > 0.8 and 0 < epoch["test_exact_match"] <= epoch["test_accuracy"]
     lines = [line for line in result.stdout.splitlines() if "all tags right" in line]
     assert len(lines) == 1 and lines[0].startswith("[0]")
+
+
+@needs_keras3
+def test_keras3_example_trains_keras_3s_mobilenet_v2_at_two_ranks(tmp_path):
+    """README's Keras 3 quick start as a script: `import keras`, keras.applications' MobileNetV2
+    converted, the user's AdamW and a Keras 3 EarlyStopping."""
+    result = run_ranks(2, ["examples/keras3_mobilenet.py", "--train", "3000", "--epochs", "2", "--log-dir",
+                           str(tmp_path)], timeout=600)
+    assert "model: build (user model)" in result.stdout and "Keras BatchNormalization" not in result.stderr
+    history = logged(tmp_path)
+    assert [e["world_size"] for e in history] == [2, 2] and history[-1]["train_loss"] < history[0]["train_loss"]
+    assert history[-1]["test_accuracy"] > 0.3  # chance is 0.1
+    assert len([line for line in result.stdout.splitlines() if "test accuracy" in line]) == 2
 
 
 def test_segmentation_example_trains_the_unet_at_local_batch_2(tmp_path):

@@ -17,6 +17,7 @@ from typing import Dict, List
 import pytest
 
 from tests.ranks import REPO, run_ranks
+from tests.test_kerases import needs_keras3
 
 BENCH = REPO / "benchmarks"
 TINY = ["--batch-size", "8"]
@@ -346,6 +347,7 @@ def test_imagenet_input_against_the_reference(tmp_path):
         if "hvdtrain img/s, 2 cores" in r:  # a machine with 2 or more cores
             assert close(number(r["hvdtrain img/s, 2 cores"]) / (2 * one), number(r["2-core / (2 x 1-core)"]),
                          rel=0.01, abs_=0.006)
+            assert 0 < number(r["reference's 2-core / (2 x 1-core)"]) < 1.5
     plain, antialiased = resize
     assert plain["resize"] == "bilinear (hvdtrain)"
     assert plain["training view img/s, 1 core (folder)"] == speed[0]["hvdtrain img/s, 1 core"]
@@ -354,3 +356,16 @@ def test_imagenet_input_against_the_reference(tmp_path):
                  number(plain["training view img/s, 1 core (folder)"]), ratio, rel=0.01, abs_=0.006)
     assert all(20 < number(r[k]) < 60 for r in resize for k in r if k.startswith("PSNR"))
     assert "KB each on average" in out
+
+
+@needs_keras3
+def test_keras3_against_keras2_and_mirrored_strategy(tmp_path):
+    out = script("keras3.py", "--rounds", "1", "--steps", "2", "--warmup", "1", "--batch-size", "16",
+                 tmp_path=tmp_path, timeout=600)
+    (step,), mirrored = tables(out)
+    assert close(number(step["Keras 3 ms/step"]) / number(step["Keras 2 ms/step"]), number(step["Keras 3 / Keras 2"]),
+                 rel=0.02, abs_=0.006)
+    hvd, strategy = mirrored
+    assert hvd["Keras 3 seed CNN, sync BN, 2 cores"] == "hvdtrain, np=2"
+    ratio = float(re.search(r"hvdtrain / MirroredStrategy = ([\d.]+)", out).group(1))
+    assert close(number(hvd["median img/s"]) / number(strategy["median img/s"]), ratio, rel=0.01, abs_=0.006)

@@ -203,3 +203,18 @@ def test_fp16_allreduce_changes_the_update_by_half_precision_rounding_only(tmp_p
         assert np.linalg.norm(update16 - update32) <= 1e-3 * np.linalg.norm(update32), key
         changed |= not np.array_equal(update16, update32)
     assert changed, "compression had no effect"
+
+
+def test_horovods_distributed_optimizer_averages_keras_3_gradients(tmp_path):
+    """hvd.DistributedOptimizer on a Keras 3 Adam, as Horovod's own users call it (patch 0006): in a
+    custom loop's apply_gradients, in Keras 3's model.fit, with backward_passes_per_step 2, ranks
+    fed different data end with equal weights, which an optimizer that averaged nothing would not;
+    a variable registered as local keeps each rank's own gradient."""
+    run_ranks(2, ["-m", "tests.workers.keras3_horovod", str(tmp_path)], timeout=300)
+    r0, r1 = (np.load(tmp_path / f"rank{r}.npz") for r in (0, 1))
+    for name in ("apply_gradients", "backward_passes_2", "fit"):
+        keys = [k for k in r0.files if k.startswith(f"{name}/") and not k.endswith("iterations")]
+        assert keys and all(np.array_equal(r0[k], r1[k]) for k in keys), name
+    assert int(r0["apply_gradients/iterations"]) == 4 and int(r0["backward_passes_2/iterations"]) == 4
+    kernels, bias = ["local_bias/0", "local_bias/1", "local_bias/2"], "local_bias/3"
+    assert all(np.array_equal(r0[k], r1[k]) for k in kernels) and not np.array_equal(r0[bias], r1[bias])

@@ -1,4 +1,5 @@
 """Which Keras a process trains: the user's objects decide, one Keras per process, clear errors otherwise."""
+import re
 import subprocess
 import sys
 
@@ -64,7 +65,8 @@ def test_two_kerases_in_one_process_are_one_clear_error():
 def test_keras_3_on_another_backend_is_one_clear_error():
     proc = _python("import hvdtrain; hvdtrain.keras3", KERAS_BACKEND="jax")
     assert proc.returncode != 0
-    assert "HvdtrainError: Keras 3 cannot start its 'jax' backend" in proc.stderr, proc.stderr[-2000:]
+    # "cannot start" where jax is not installed (here), "runs on" where it is
+    assert re.search(r"HvdtrainError: Keras 3 (cannot start|runs on) its 'jax' backend", proc.stderr), proc.stderr[-2000:]
     assert "set KERAS_BACKEND=tensorflow" in proc.stderr
 
 

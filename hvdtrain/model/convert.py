@@ -38,7 +38,9 @@ def convert_sync_batchnorm(model):
     Keras' ``clone_model``: the returned model is new, and shares every other layer (and its
     weights) with ``model``. Subclassed models, and custom layers that hold batch norm layers,
     are converted in place: each batch norm layer held in an attribute, or in a list or dict
-    attribute, is replaced. Nested models are converted alike, at any depth.
+    attribute, is replaced. Nested models are converted alike, at any depth. (A Keras 3 subclassed
+    model's own ``tf.train.Checkpoint`` edges keep naming the replaced layers; hvdtrain's
+    checkpoints list every variable of a Keras 3 model, so they save and restore the new ones.)
 
     Each new layer takes the old one's ``get_config()`` (axis, momentum, epsilon, center, scale,
     initializers, regularizers, constraints, name, dtype policy, trainable) and, if the old one was
@@ -123,9 +125,11 @@ def _has_batch_norm(layer) -> bool:
 
 
 def _is_graph(model, keras: ModuleType) -> bool:
-    """A Sequential or functional model: one ``clone_model`` rebuilds."""
-    return isinstance(model, keras.Sequential) or type(model).__name__ == "Functional" \
-        or bool(getattr(model, "_is_graph_network", False))
+    """A Sequential or functional model, a subclass of a functional one included (Keras 3 makes a
+    ``keras.Model`` subclass called with inputs and outputs a ``Functional``): ``clone_model``
+    rebuilds it; its graph would keep calling replaced layers."""
+    return isinstance(model, keras.Sequential) or bool(getattr(model, "_is_graph_network", False)) \
+        or any(cls.__name__ == "Functional" for cls in type(model).__mro__)
 
 
 def _converted(model, memo: Dict[int, object], keras: ModuleType):
@@ -185,7 +189,8 @@ def _convert_attributes(layer, memo: Dict[int, object], keras: ModuleType) -> No
             if new is not value:
                 if keras3:  # past Keras 3's tracking, which refuses new layers once built
                     object.__setattr__(layer, name, new)
-                    _retrack(layer, value, new)
+                    _retrack(layer, value, new)  # (TensorFlow's checkpoint edge keeps the old layer:
+                    # hvdtrain's checkpoints list a Keras 3 model's variables themselves)
                 else:
                     setattr(layer, name, new)
         elif isinstance(value, list):  # Keras' ListWrapper, TrackedList too

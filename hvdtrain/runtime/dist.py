@@ -165,7 +165,7 @@ class DistContext:
             return hvd.allgather_object(obj, name=name)
 
     def broadcast_variables(self, variables, name: str = "the broadcast of the variables") -> None:
-        """Overwrite ``variables`` (TensorFlow variables, the same list on every rank) with rank 0's
+        """Overwrite ``variables`` (TensorFlow's or Keras 3's, the same list on every rank) with rank 0's
         values (a collective): initial weights differ per rank, and after a resume only rank 0 has
         restored them."""
         if self.size == 1:

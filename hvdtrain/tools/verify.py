@@ -154,9 +154,9 @@ def _name(variable) -> str:
 
 
 def layer_of(variable: str) -> str:
-    """``block_1_expand_BN`` of ``block_1_expand_BN/gamma:0`` or of Keras 3's ``functional/block_1_expand_BN/gamma``
-    (the variable itself where it has no layer)."""
-    return variable.rsplit("/", 2)[-2] if "/" in variable else variable
+    """``block_1_expand_BN`` of ``block_1_expand_BN/gamma:0`` (Keras 3's paths keep the model's name
+    before it: ``functional/block_1_expand_BN``); the variable itself where it has no layer."""
+    return variable.rsplit("/", 1)[0] if "/" in variable else variable
 
 
 def failure(output: str) -> str:

@@ -189,3 +189,49 @@ def test_converting_keras_3_models(keras):
     synchronized = keras.Sequential([keras.Input((3,)), keras.layers.BatchNormalization(synchronized=True)])
     (layer,) = hvdtrain.convert_sync_batchnorm(synchronized).layers
     assert type(layer) is hvdtrain.keras3.SyncBatchNormalization and layer.synchronized
+
+
+def test_a_converted_subclassed_keras_3_model_checkpoints_every_variable(keras, tmp_path):
+    """A subclassed Keras 3 model, built, with batch norm layers in an attribute, a list and a dict,
+    converted in place: the new layers are the ones called and trained, and a checkpoint restores
+    every variable of the model, their moving statistics included, into a fresh copy."""
+    import tensorflow as tf
+
+    import hvdtrain
+    from hvdtrain.checkpoint import CheckpointManager
+
+    class Net(keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.bn = keras.layers.BatchNormalization()
+            self.norms = [keras.layers.BatchNormalization()]
+            self.named = {"last": keras.layers.BatchNormalization()}
+            self.dense = keras.layers.Dense(2)
+
+        def call(self, x, training=False):
+            x = self.named["last"](self.norms[0](self.bn(x, training=training), training=training), training=training)
+            return self.dense(x)
+
+    def converted():
+        net = Net()
+        net(tf.zeros((2, 3)))
+        assert hvdtrain.convert_sync_batchnorm(net) is net
+        return net
+
+    net = converted()
+    layers = net._flatten_layers(include_self=False)
+    assert [type(layer).__name__ for layer in layers].count("SyncBatchNormalization") == 3
+    x = np.random.default_rng(8).normal(loc=2.0, size=(16, 3)).astype("float32")
+    net(x, training=True)  # the converted layers run: their moving statistics move
+    assert not np.allclose(np.asarray(net.bn.moving_mean), 0.0)
+    optimizer = keras.optimizers.SGD(0.1)
+    optimizer.build(net.trainable_variables)
+    manager = CheckpointManager(str(tmp_path), net, optimizer)
+    manager.save(1, {})
+    fresh = converted()
+    fresh_optimizer = keras.optimizers.SGD(0.1)
+    fresh_optimizer.build(fresh.trainable_variables)
+    CheckpointManager(str(tmp_path), fresh, fresh_optimizer).restore(manager.latest())
+    assert len(fresh.variables) == len(net.variables) == 14
+    for mine, restored in zip(net.variables, fresh.variables):
+        np.testing.assert_array_equal(np.asarray(restored), np.asarray(mine), err_msg=mine.path)
