@@ -23,13 +23,17 @@ a = p.parse_args()
 
 def build(input_shape, num_classes):
     """Called by hvdtrain with the data's image shape and class count: Keras 3's own MobileNetV2."""
-    return keras.applications.MobileNetV2(input_shape=input_shape, alpha=0.35, weights=None, classes=num_classes,
-                                          classifier_activation=None)
+    model = keras.applications.MobileNetV2(input_shape=input_shape, alpha=0.35, weights=None, classes=num_classes,
+                                           classifier_activation=None)
+    for layer in model.layers:  # moving statistics that settle in ~50 steps (0.99: ~500), so the first
+        if isinstance(layer, keras.layers.BatchNormalization):  # epoch's evaluation is already sound
+            layer.momentum = 0.9
+    return model
 
 
 def rgb32(images):
-    """(n, 28, 28) grey -> (n, 32, 32, 3): padded to MobileNetV2's smallest input, grey in 3 channels."""
-    return np.repeat(np.pad(images, ((0, 0), (2, 2), (2, 2)))[..., None], 3, -1)
+    """(n, 28, 28, 1) grey -> (n, 32, 32, 3): padded to MobileNetV2's smallest input, grey in 3 channels."""
+    return np.repeat(np.pad(images, ((0, 0), (2, 2), (2, 2), (0, 0))), 3, -1)
 
 
 fashion = load_idx_dir("/usr/share/datasets/fashion-mnist")
