@@ -21,6 +21,7 @@ from hvdtrain import callbacks as cbs
 from hvdtrain.config import Config
 from hvdtrain.config_file import config_from_flat, flatten, read_config_file
 from hvdtrain.data.datasets import Dataset, validate
+from hvdtrain.ending import leave
 from hvdtrain.errors import Ending, HvdtrainError, PeerFailure, RunEnded
 from hvdtrain.imports import name_of
 from hvdtrain.runtime.signals import install_stop_handlers
@@ -129,7 +130,8 @@ def fit(model_fn: Union[str, Callable], data=None, *, loss=None, metrics: Option
     run_config = resolve_config(config, {**settings, **({"model": model_settings} if model_settings else {}),
                                          **({"task": task} if task else {})})
     from hvdtrain.losses import get_loss
-    from hvdtrain.recipe import Parts, run
+    from hvdtrain.recipe import run
+    from hvdtrain.recipe_steps import Parts
 
     # Arrays are read as the loss takes its labels (class indices or targets).
     labels = get_loss(run_config.task.loss if loss is None else loss, run_config.task.label_smoothing).labels
@@ -215,8 +217,6 @@ def as_dataset(data, labels: Optional[str]) -> Optional[Dataset]:
 def _raised(ended: RunEnded) -> BaseException:
     """The exception :func:`fit` raises for how this rank leaves, or the process exits here."""
     if ended.ending in (Ending.ALONE, Ending.INTERRUPTED, Ending.TERMINATED):
-        from hvdtrain.cli import leave
-
         leave(ended)  # exits the process
     if ended.ending is Ending.QUIET:
         if ended.message:

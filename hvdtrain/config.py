@@ -1,14 +1,17 @@
 """The typed configuration tree of a training run, validated on construction.
 
-Each section is a frozen dataclass whose ``__post_init__`` rejects bad values with a
-:class:`HvdtrainError` naming the command-line flag and the value received.
-One module over 400 lines: the whole tree in one place, each section's checks beside its fields.
+Each setting is declared once, here, by :func:`setting`: its config key (the field), type, default,
+command-line flag, range and help text. The command line (:func:`hvdtrain.cli.build_parser`), run
+files (:mod:`hvdtrain.config_file`) and the flag reference (``docs/flags.md``, written by
+``python -m hvdtrain.tools.flags``) are made from these declarations. Each section is a frozen
+dataclass; its ``__post_init__`` checks every declared range (:func:`check_settings`), then the
+rules between settings, raising a :class:`HvdtrainError` that names the flag and the value received.
 """
 from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Optional
+from typing import Any, Callable, Iterator, NamedTuple, Optional, Tuple
 
 from hvdtrain.errors import HvdtrainError
 
@@ -39,9 +42,11 @@ class ConfigError(HvdtrainError):
         self.flag, self.requirement, self.value = flag, requirement, value
 
 
-def _check(ok: bool, flag: str, requirement: str, value) -> None:
-    if not ok:
-        raise ConfigError(flag, requirement, value)
+class Requirement(NamedTuple):
+    """A setting's range: what it must be, in words (for errors and docs), and the test."""
+
+    text: str
+    holds: Callable[[Any], bool]
 
 
 def _is_number(value) -> bool:
@@ -53,43 +58,103 @@ def _is_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _check_int(value, flag: str, minimum: int) -> None:
-    _check(_is_int(value) and value >= minimum, flag, f"an integer >= {minimum}", value)
+def integer(minimum: int, below: Optional[int] = None, upper_text: Optional[str] = None) -> Requirement:
+    """An integer >= ``minimum`` (and < ``below`` where given, its bound written ``upper_text``,
+    e.g. ``"2^31)"`` or ``"19]"``)."""
+    if below is None:
+        return Requirement(f"an integer >= {minimum}", lambda v: _is_int(v) and v >= minimum)
+    return Requirement(f"an integer in [{minimum}, {upper_text or f'{below})'}",
+                       lambda v: _is_int(v) and minimum <= v < below)
+
+
+def number(minimum: float, inclusive: bool = True, below: Optional[float] = None) -> Requirement:
+    """A finite number >= ``minimum`` (> if not ``inclusive``; and < ``below`` where given)."""
+    if below is not None:
+        return Requirement(f"in [{minimum}, {below})", lambda v: _is_number(v) and minimum <= v < below)
+    if inclusive:
+        return Requirement(f"finite and >= {minimum}", lambda v: _is_number(v) and v >= minimum)
+    return Requirement(f"finite and > {minimum}", lambda v: _is_number(v) and v > minimum)
+
+
+def one_of(choices: tuple) -> Requirement:
+    return Requirement(f"one of {choices}", lambda v: v in choices and not isinstance(v, bool))
+
+
+BOOLEAN = Requirement("true or false", lambda v: isinstance(v, bool))
+
+
+def setting(default, flag: str, help: str, *, requires: Optional[Requirement] = None,
+            choices: Optional[tuple] = None, switch: Optional[str] = None, metavar: Optional[str] = None):
+    """Declare one setting: a dataclass field whose metadata the command line and docs are made from.
+
+    Args:
+        default: the value without the flag.
+        flag: the command-line flag, ``--name``.
+        help: what it does, with its unit; ``(default: X)`` is appended where the default is not None.
+        requires: its range (:func:`integer`, :func:`number`); ``choices`` imply one.
+        choices: the values allowed.
+        switch: a bool set by the flag alone: ``"on"`` (the flag sets True) or ``"off"`` (the flag,
+            ``--no-...``, sets False).
+        metavar: the flag's argument as ``--help`` shows it.
+    """
+    if choices is not None:
+        requires = one_of(choices)
+    if switch is not None:
+        requires = BOOLEAN
+    return dataclasses.field(default=default, metadata={
+        "flag": flag, "help": help, "requires": requires, "choices": choices, "switch": switch, "metavar": metavar})
+
+
+def declared_settings(cls=None, prefix: str = "") -> Iterator[Tuple[str, dataclasses.Field, type]]:
+    """``(config key, field, section class)`` of every declared setting of the tree, in order."""
+    for field in dataclasses.fields(cls or Config):
+        if dataclasses.is_dataclass(field.default):
+            yield from declared_settings(type(field.default), f"{prefix}{field.name}.")
+        elif "flag" in field.metadata:
+            yield prefix + field.name, field, cls or Config
+
+
+def check_settings(section) -> None:
+    """Check each of ``section``'s declared settings against its range.
+
+    Raises:
+        ConfigError: naming the first setting's flag, its requirement and the value received.
+    """
+    for field in dataclasses.fields(section):
+        requirement, value = field.metadata.get("requires"), getattr(section, field.name)
+        if requirement is not None and not (value is None and field.default is None) and not requirement.holds(value):
+            raise ConfigError(field.metadata["flag"], requirement.text, value)
 
 
 @dataclasses.dataclass(frozen=True)
 class DataConfig:
-    """Where the training data comes from.
+    """Where the training data comes from."""
 
-    Attributes:
-        dataset: in memory: ``idx`` (MNIST-family directory), ``npz`` (keras.datasets-style file)
-            or ``synthetic``; streamed by tf.data: ``tfrecord`` (shards), ``folder`` (images in
-            class folders) or ``function`` (the user's pipeline, ``function``).
-        data_dir: the IDX or TFRecord directory, the image folder, or the NPZ file.
-        function: ``package.module:function`` returning a ``tf.data.Dataset``
-            (:mod:`hvdtrain.data.function`), for ``dataset == "function"``.
-        eval_batch_size: examples per evaluation batch on each rank; 0: the local batch.
-        image_size: ``tfrecord``/``folder``: side of the square images are resized to (center
-            crop for evaluation); 0 keeps the stored size, which every image must share.
-        augment: ``tfrecord``/``folder`` training: ``none``, ``flip`` (random left-right flip) or
-            ``standard`` (random-resized-crop and flip; needs ``image_size``).
-        num_classes: streamed datasets: the class count; 0 infers ``max(label) + 1`` (folders:
-            their class folders).
-        tfrecord_image_key, tfrecord_label_key: the ``tf.train.Example`` features of the encoded
-            image (bytes) and its class (int64).
-        shuffle_buffer: ``tfrecord``: records in each rank's shuffle buffer.
-    """
-
-    dataset: str = "idx"
-    data_dir: str = DEFAULT_DATA_DIR
-    function: Optional[str] = None
-    eval_batch_size: int = 0
-    image_size: int = 0
-    augment: str = "none"
-    num_classes: int = 0
-    tfrecord_image_key: str = "image/encoded"
-    tfrecord_label_key: str = "image/class/label"
-    shuffle_buffer: int = 10000
+    dataset: str = setting(
+        "idx", "--dataset", "in memory: idx (MNIST-family IDX directory), npz (keras.datasets-style .npz file), "
+        "synthetic; streamed by tf.data: tfrecord (<data-dir>/train-*, test-*), folder (<data-dir>/train/<class>/"
+        "*.jpg|png, test/<class>/...), function (--data)", choices=DATASETS)
+    data_dir: str = setting(DEFAULT_DATA_DIR, "--data-dir", "the IDX or TFRecord directory, the image folder, or the "
+                            ".npz file")
+    function: Optional[str] = setting(
+        None, "--data", "your own tf.data pipeline: package.module:function called as function(split='train'|'test', "
+        "rank=, world_size=, seed=, epoch=) returning unbatched (image, label) pairs of the whole split "
+        "(hvdtrain.data.function)", metavar="MODULE:FUNCTION",
+        requires=Requirement("'package.module:function'", lambda v: isinstance(v, str) and ":" in v))
+    eval_batch_size: int = setting(0, "--eval-batch-size", "examples per evaluation batch per rank (0: the local "
+                                   "batch, --batch-size)", requires=integer(0))
+    image_size: int = setting(0, "--image-size", "tfrecord/folder: resize to this square, pixels (center crop for "
+                              "evaluation); 0 keeps the stored size, which every image must share", requires=integer(0))
+    augment: str = setting("none", "--augment", "tfrecord/folder training augmentation: none, flip (left-right), "
+                           "standard (random-resized-crop and flip; needs --image-size)", choices=AUGMENTATIONS)
+    num_classes: int = setting(0, "--num-classes", "tfrecord/--data: the class count (0: max(label) + 1, every class "
+                               "present in training)", requires=integer(0))
+    tfrecord_image_key: str = setting("image/encoded", "--tfrecord-image-key",
+                                      "tf.train.Example feature holding the encoded image (JPEG/PNG bytes)")
+    tfrecord_label_key: str = setting("image/class/label", "--tfrecord-label-key",
+                                      "tf.train.Example feature holding the int64 class index")
+    shuffle_buffer: int = setting(10000, "--shuffle-buffer", "tfrecord: records in each rank's shuffle buffer (the "
+                                  "files' order is shuffled each epoch too)", requires=integer(1))
 
     @property
     def streaming(self) -> bool:
@@ -97,17 +162,10 @@ class DataConfig:
         return self.dataset in STREAMING_DATASETS
 
     def __post_init__(self):
-        _check(self.dataset in DATASETS, "--dataset", f"one of {DATASETS}", self.dataset)
-        _check_int(self.eval_batch_size, "--eval-batch-size", 0)
-        _check_int(self.image_size, "--image-size", 0)
-        _check(self.augment in AUGMENTATIONS, "--augment", f"one of {AUGMENTATIONS}", self.augment)
-        _check_int(self.num_classes, "--num-classes", 0)
-        _check_int(self.shuffle_buffer, "--shuffle-buffer", 1)
         if (self.dataset == "function") != bool(self.function):
             raise HvdtrainError("--data package.module:function is a dataset of its own: give it without --dataset"
                                 if self.function else "--dataset function needs --data package.module:function")
-        _check(self.function is None or isinstance(self.function, str) and ":" in self.function, "--data",
-               "'package.module:function'", self.function)
+        check_settings(self)
         if self.dataset not in ("tfrecord", "folder") and (self.image_size or self.augment != "none"):
             raise HvdtrainError(f"--image-size and --augment apply to --dataset tfrecord and folder (decoded by "
                                 f"hvdtrain), not {self.dataset}")
@@ -121,30 +179,26 @@ class DataConfig:
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-    """Which model to train.
+    """Which model to train, and its Keras (:mod:`hvdtrain.kerases`)."""
 
-    Attributes:
-        name: ``cnn``, ``resnet20`` or ``package.module:function``.
-        sync_bn: built-in models use synchronized (True) or per-rank (False) batch normalization;
-            a model function chooses its own layers, so False is refused with one.
-        convert_sync_bn: convert a model function's Keras batch norm (:func:`hvdtrain.convert_sync_batchnorm`).
-        keras: the Keras the built-in models are built with, 2 or 3; 0 is TensorFlow's default
-            (3 on TensorFlow >= 2.16, 2 on 2.15). A model function's model, a caller's optimizer
-            and callbacks bring their own Keras, which must be this one where given
-            (:mod:`hvdtrain.kerases`).
-    """
-
-    name: str = "cnn"
-    sync_bn: bool = True
-    convert_sync_bn: bool = False
-    keras: int = 0
+    name: str = setting(
+        "cnn", "--model", "cnn, resnet20, unet (per-pixel logits), or package.module:function returning an uncompiled "
+        "Keras model, Keras 2 or 3 (called with input_shape=(H, W, C), num_classes=K) whose outputs fit the labels: "
+        "(batch, K) logits, no softmax ((batch, H, W, K) for label maps), or the targets' shape",
+        requires=Requirement("a model name", lambda v: isinstance(v, str) and bool(v.strip())))
+    sync_bn: bool = setting(True, "--no-sync-bn", "built-in models: per-rank BatchNorm instead of synchronized "
+                            "BatchNorm (refused with a model function, which chooses its own layers)", switch="off")
+    convert_sync_bn: bool = setting(False, "--convert-sync-bn", "a --model function's Keras BatchNormalization layers "
+                                    "become synchronized BatchNorm (hvdtrain.convert_sync_batchnorm: same "
+                                    "configuration and weights)", switch="on")
+    keras: int = setting(0, "--keras", "the Keras the built-in models are built with: 2 or 3 (0: TensorFlow's, 3 on "
+                         "TensorFlow >= 2.16, 2 on 2.15); a --model function's model brings its own",
+                         choices=KERAS_VERSIONS)
 
     def __post_init__(self):
-        _check(isinstance(self.name, str) and bool(self.name.strip()), "--model", "a model name", self.name)
-        _check(self.keras in KERAS_VERSIONS and not isinstance(self.keras, bool), "--keras", "2 or 3 (0: TensorFlow's "
-               "default)", self.keras)
-        _check(isinstance(self.convert_sync_bn, bool) and not (self.convert_sync_bn and not self.sync_bn),
-               "--convert-sync-bn", "true or false, and not with --no-sync-bn", self.convert_sync_bn)
+        check_settings(self)
+        if self.convert_sync_bn and not self.sync_bn:
+            raise HvdtrainError("--convert-sync-bn cannot be combined with --no-sync-bn")
         if not self.sync_bn and ":" in self.name:
             raise HvdtrainError(f"--no-sync-bn applies to the built-in models only; the function of --model "
                                 f"{self.name!r} chooses its own layers (Keras' BatchNormalization normalizes each "
@@ -153,21 +207,17 @@ class ModelConfig:
 
 @dataclasses.dataclass(frozen=True)
 class TaskConfig:
-    """What the model learns: the loss it minimizes and the metrics reported (:mod:`hvdtrain.metrics`).
+    """The loss the model minimizes and the metrics reported (:mod:`hvdtrain.metrics`)."""
 
-    Attributes:
-        loss: ``sparse_categorical_crossentropy`` (class indices ``(n, ...)`` and logits with one
-            more axis of K: classification, or segmentation with ``(n, H, W)`` labels),
-            ``binary_crossentropy`` (multi-label: targets in [0, 1] shaped like the logits) or
-            ``mse`` (targets shaped like the outputs).
-        label_smoothing: in [0, 1), for the two cross-entropies.
-        metrics: comma-separated names among ``accuracy``, ``top5`` and ``mean_iou``; ``""`` for
-            none; None: ``accuracy`` (none for ``mse``).
-    """
-
-    loss: str = "sparse_categorical_crossentropy"
-    label_smoothing: float = 0.0
-    metrics: Optional[str] = None
+    loss: str = setting(
+        "sparse_categorical_crossentropy", "--loss", "sparse_categorical_crossentropy (class indices: (n,) labels, "
+        "or (n, H, W) for segmentation), binary_crossentropy (multi-label targets in [0, 1]), mse (targets shaped "
+        "like the outputs)", choices=LOSSES)
+    label_smoothing: float = setting(0.0, "--label-smoothing", "label smoothing of the cross-entropies",
+                                     requires=number(0, below=1))
+    metrics: Optional[str] = setting(
+        None, "--metrics", f"comma-separated, exact over all ranks: {', '.join(METRICS)} ('' for none; default: "
+        f"accuracy, none for mse)", requires=Requirement("comma-separated names", lambda v: isinstance(v, str)))
 
     @property
     def metric_names(self) -> tuple:
@@ -177,197 +227,144 @@ class TaskConfig:
         return tuple(name.strip() for name in self.metrics.split(",") if name.strip())
 
     def __post_init__(self):
-        _check(self.loss in LOSSES, "--loss", f"one of {LOSSES}", self.loss)
-        _check(_is_number(self.label_smoothing) and 0 <= self.label_smoothing < 1, "--label-smoothing", "in [0, 1)",
-               self.label_smoothing)
+        check_settings(self)
         if self.label_smoothing and self.loss == "mse":
             raise HvdtrainError("--label-smoothing applies to the cross-entropies, not --loss mse")
-        _check(self.metrics is None or isinstance(self.metrics, str), "--metrics", "comma-separated names", self.metrics)
         for name in self.metric_names:
-            _check(name in METRICS, "--metrics", f"comma-separated names among {METRICS}", self.metrics)
+            if name not in METRICS:
+                raise ConfigError("--metrics", f"comma-separated names among {METRICS}", self.metrics)
         if len(set(self.metric_names)) != len(self.metric_names):
             raise ConfigError("--metrics", "names that differ", self.metrics)
 
 
 @dataclasses.dataclass(frozen=True)
 class OptimConfig:
-    """The optimizer, its learning-rate schedule, and gradient-averaging options.
+    """The optimizer, its learning-rate schedule (:mod:`hvdtrain.optim`), gradient averaging."""
 
-    Attributes:
-        name: ``sgd`` (with momentum), ``adam`` or ``adamw`` (Adam with decoupled weight decay).
-        base_lr: learning rate for one rank; the peak rate is ``base_lr · world_size``.
-        momentum: SGD momentum in [0, 1) (Adam's first-moment decay stays Keras' 0.9).
-        nesterov: SGD with Nesterov momentum.
-        weight_decay: decoupled weight decay (Loshchilov & Hutter 2019): each update first
-            multiplies the kernels by ``1 - lr · weight_decay``; biases and BatchNorm's scale and
-            offset (variables of rank < 2) are not decayed. 0 disables; ``adamw`` needs it > 0.
-        clip_norm: clip the averaged gradient (after the allreduce: the global batch's gradient)
-            to this global L2 norm; 0 disables.
-        warmup_epochs: epochs of linear warmup from ``base_lr`` to ``base_lr · world_size``
-            (Goyal et al. 2017); may be fractional; 0 disables.
-        lr_schedule: after warmup, ``cosine`` or ``linear`` decay to 0 at the last step, ``step`` (/10 at
-            50% and 75% of the run), or ``constant`` (:class:`hvdtrain.optim.WarmupSchedule`).
-        fp16_allreduce: compress gradients to float16 for the allreduce.
-        backward_passes_per_step: local gradient accumulation: batches per optimizer step.
-    """
-
-    name: str = "sgd"
-    base_lr: float = 0.05
-    momentum: float = 0.9
-    nesterov: bool = False
-    weight_decay: float = 0.0
-    clip_norm: float = 0.0
-    warmup_epochs: float = 1.0
-    lr_schedule: str = "cosine"
-    fp16_allreduce: bool = False
-    backward_passes_per_step: int = 1
+    name: str = setting("sgd", "--optimizer", "sgd (with --momentum), adam, or adamw (Adam with decoupled "
+                        "--weight-decay)", choices=OPTIMIZERS)
+    base_lr: float = setting(0.05, "--lr", "base learning rate for one rank; scaled by world size after warmup",
+                             requires=number(0, inclusive=False))
+    momentum: float = setting(0.9, "--momentum", "SGD momentum (Adam's first-moment decay stays Keras' 0.9)",
+                              requires=number(0, below=1))
+    nesterov: bool = setting(False, "--nesterov", "SGD with Nesterov momentum", switch="on")
+    weight_decay: float = setting(
+        0.0, "--weight-decay", "decoupled weight decay (Loshchilov & Hutter 2019): each update scales the kernels by "
+        "1 - lr x this (biases and BatchNorm scale/offset are not decayed); adamw needs it > 0", requires=number(0))
+    clip_norm: float = setting(0.0, "--clip-norm", "clip the averaged (global-batch) gradient, after the allreduce, to "
+                               "this global L2 norm (0: off)", requires=number(0))
+    warmup_epochs: float = setting(1.0, "--warmup-epochs", "epochs (may be fractional) of linear warmup from --lr to "
+                                   "--lr x world size (Goyal et al. 2017)", requires=number(0))
+    lr_schedule: str = setting("cosine", "--lr-schedule", "learning rate after warmup: cosine or linear decay to 0, "
+                               "step (/10 at 50% and 75% of the run), or constant", choices=LR_SCHEDULES)
+    fp16_allreduce: bool = setting(False, "--fp16-allreduce", "compress gradients to float16 for the allreduce (with "
+                                   "--precision fp16 too: the gradients are unscaled, float32, before it)", switch="on")
+    backward_passes_per_step: int = setting(1, "--backward-passes-per-step", "local batches whose gradients are "
+                                            "accumulated per optimizer step", requires=integer(1))
 
     def __post_init__(self):
-        _check(self.name in OPTIMIZERS, "--optimizer", f"one of {OPTIMIZERS}", self.name)
-        _check(_is_number(self.base_lr) and self.base_lr > 0, "--lr", "finite and > 0", self.base_lr)
-        _check(_is_number(self.weight_decay) and self.weight_decay >= 0, "--weight-decay", "finite and >= 0",
-               self.weight_decay)
-        _check(_is_number(self.clip_norm) and self.clip_norm >= 0, "--clip-norm", "finite and >= 0", self.clip_norm)
+        check_settings(self)
         if self.name == "adamw" and not self.weight_decay:
             raise HvdtrainError("--optimizer adamw needs --weight-decay > 0 (with 0 it is --optimizer adam)")
         if self.name == "adam" and self.weight_decay:
             raise HvdtrainError("--optimizer adam with --weight-decay is AdamW: use --optimizer adamw")
         if self.nesterov and self.name != "sgd":
             raise HvdtrainError(f"--nesterov applies to --optimizer sgd, not {self.name}")
-        _check(_is_number(self.momentum) and 0 <= self.momentum < 1, "--momentum", "in [0, 1)", self.momentum)
-        _check(_is_number(self.warmup_epochs) and self.warmup_epochs >= 0, "--warmup-epochs", "finite and >= 0",
-               self.warmup_epochs)
-        _check(self.lr_schedule in LR_SCHEDULES, "--lr-schedule", f"one of {LR_SCHEDULES}", self.lr_schedule)
-        _check_int(self.backward_passes_per_step, "--backward-passes-per-step", 1)
 
 
 @dataclasses.dataclass(frozen=True)
 class ComputeConfig:
-    """How the training step computes.
+    """How the training step computes (:mod:`hvdtrain.precision`)."""
 
-    Attributes:
-        precision: ``fp32``; ``bf16`` or ``fp16``: Keras' mixed-precision policy (layers compute in
-            the half type, variables, loss and metrics stay float32); ``fp16`` adds dynamic loss
-            scaling (:mod:`hvdtrain.precision`).
-        xla: compile the forward and backward pass with XLA (``jit_compile``); the gradient
-            allreduce and the update run outside the compiled function.
-    """
-
-    precision: str = "fp32"
-    xla: bool = False
+    precision: str = setting("fp32", "--precision", "fp32, or mixed precision: layers compute in bfloat16 (bf16) or "
+                             "float16 (fp16, with dynamic loss scaling); weights, loss and metrics stay float32",
+                             choices=PRECISIONS)
+    xla: bool = setting(False, "--xla", "compile the forward and backward pass with XLA; the allreduce stays outside "
+                        "it, so synchronized BatchNorm at more than one rank needs --no-sync-bn", switch="on")
 
     def __post_init__(self):
-        _check(self.precision in PRECISIONS, "--precision", f"one of {PRECISIONS}", self.precision)
+        check_settings(self)
 
 
 @dataclasses.dataclass(frozen=True)
 class CheckpointConfig:
-    """Where rank 0 keeps checkpoints.
+    """Where rank 0 keeps checkpoints, and resuming from them."""
 
-    Attributes:
-        dir: checkpoint directory; None puts them under the run's log directory.
-        resume: continue from the latest checkpoint in ``dir``.
-        keep: number of most recent checkpoints kept.
-        every_steps: also checkpoint every this many steps within an epoch (0: at epoch ends only).
-    """
-
-    dir: Optional[str] = None
-    resume: bool = False
-    keep: int = 3
-    every_steps: int = 0
+    dir: Optional[str] = setting(None, "--checkpoint-dir", "checkpoint directory (default: <log-dir>/checkpoints)")
+    resume: bool = setting(False, "--resume", "continue from the latest checkpoint in --checkpoint-dir", switch="on")
+    keep: int = setting(3, "--keep-checkpoints", "most recent checkpoints kept", requires=integer(1))
+    every_steps: int = setting(0, "--checkpoint-every", "also checkpoint every this many steps within an epoch (0: at "
+                               "the end of epochs only); --resume continues from the exact step", requires=integer(0))
 
     def __post_init__(self):
-        _check_int(self.keep, "--keep-checkpoints", 1)
-        _check_int(self.every_steps, "--checkpoint-every", 0)
+        check_settings(self)
 
 
 @dataclasses.dataclass(frozen=True)
 class LogConfig:
-    """What rank 0 writes and prints.
+    """What rank 0 writes and prints."""
 
-    Attributes:
-        dir: run directory for metrics.jsonl (evaluation.json if there is nothing to train),
-            TensorBoard logs and (by default) checkpoints; None makes ``runs/<date>-<time>``.
-        log_every: steps between exact global running metrics (one small allreduce each).
-        progress: show a tqdm progress bar per epoch (when stderr is a terminal).
-    """
-
-    dir: Optional[str] = None
-    log_every: int = 50
-    progress: bool = True
+    dir: Optional[str] = setting(None, "--log-dir", "run directory for metrics.jsonl (evaluation.json if only "
+                                 "evaluating), TensorBoard logs and checkpoints (default: runs/<date>-<time>)")
+    log_every: int = setting(50, "--log-every", "steps between exact running metrics (TensorBoard's steps/), counted "
+                             "within each epoch: none in epochs shorter than this", requires=integer(1))
+    progress: bool = setting(True, "--no-progress", "no progress bar (one line per epoch only; the bar shows only "
+                             "when stderr is a terminal)", switch="off")
 
     def __post_init__(self):
-        _check_int(self.log_every, "--log-every", 1)
+        check_settings(self)
 
 
 @dataclasses.dataclass(frozen=True)
 class RuntimeConfig:
-    """How each process uses its host.
+    """How each process uses its host (:mod:`hvdtrain.runtime`)."""
 
-    Attributes:
-        threads: TensorFlow intra-op threads per rank; 0 = one per CPU core of this rank's own.
-        cpu: train on the CPU even where GPUs are present.
-        stall_timeout: seconds without a finished step before a rank aborts (0 = wait forever).
-        sync_bn_kernels: synchronized BatchNorm on the CPU uses hvdtrain's single-pass kernels
-            where built (False: TensorFlow ops, the same quantities in two passes).
-        horovod_nice: nice level of Horovod's threads on a CPU rank under MPI or alone, so that
-            its polling yields the cores to the compute (0 leaves them be; 0..19).
-        horovod_cycle_time_ms: ``HOROVOD_CYCLE_TIME``, unless the environment sets it: how often
-            Horovod's background thread looks for ready collectives, milliseconds (> 0).
-        deterministic: bit-identical runs at any world size (no tensor fusion, deterministic ops).
-    """
-
-    threads: int = 0
-    cpu: bool = False
-    stall_timeout: float = 120.0
-    sync_bn_kernels: bool = True
-    horovod_nice: int = 19
-    horovod_cycle_time_ms: float = 0.1
-    deterministic: bool = False
+    threads: int = setting(0, "--threads", "TensorFlow intra-op threads per rank (0 = one per CPU core of this rank's "
+                           "own)", requires=integer(0))
+    cpu: bool = setting(False, "--cpu", "train on the CPU even where GPUs are present", switch="on")
+    stall_timeout: float = setting(120.0, "--stall-timeout", "seconds a rank may make no progress (waiting for a "
+                                   "stalled, lost or unreachable rank) before the job aborts; 0 waits forever",
+                                   requires=number(0))
+    sync_bn_kernels: bool = setting(True, "--no-sync-bn-kernels", "synchronized BatchNorm on the CPU: TensorFlow ops "
+                                    "instead of hvdtrain's single-pass kernels", switch="off")
+    horovod_nice: int = setting(19, "--horovod-nice", "nice level of Horovod's threads on a CPU rank under MPI or "
+                                "alone, so that its polling yields the cores to the compute (0: leave them be)",
+                                requires=integer(0, 20, "19]"))
+    horovod_cycle_time_ms: float = setting(0.1, "--horovod-cycle-time", "ms between Horovod's looks for ready "
+                                           "collectives (HOROVOD_CYCLE_TIME, which wins if set)",
+                                           requires=number(0, inclusive=False))
+    deterministic: bool = setting(
+        False, "--deterministic", "the same command repeats bit for bit at any world size: Horovod's tensor fusion off "
+        "at 3+ ranks (it groups gradients by timing, which changes their sums' order) and TensorFlow's deterministic "
+        "ops", switch="on")
 
     def __post_init__(self):
-        _check_int(self.threads, "--threads", 0)
-        _check(isinstance(self.deterministic, bool), "--deterministic", "true or false", self.deterministic)
-        _check(_is_number(self.stall_timeout) and self.stall_timeout >= 0, "--stall-timeout", "finite and >= 0",
-               self.stall_timeout)
-        _check(_is_int(self.horovod_nice) and 0 <= self.horovod_nice <= 19, "--horovod-nice", "an integer in [0, 19]",
-               self.horovod_nice)
-        _check(_is_number(self.horovod_cycle_time_ms) and self.horovod_cycle_time_ms > 0, "--horovod-cycle-time",
-               "finite and > 0", self.horovod_cycle_time_ms)
+        check_settings(self)
 
 
 @dataclasses.dataclass(frozen=True)
 class ElasticConfig:
-    """Elastic training (Horovod Elastic): workers may leave and join while the job runs.
+    """Elastic training (horovodrun --min-np N --max-np M --host-discovery-script S)."""
 
-    Attributes:
-        enabled: run under ``horovodrun --min-np/--max-np --host-discovery-script``; a lost
-            worker costs the steps since the last commit instead of the job.
-        commit_every: steps between in-memory commits of the training state on every rank (each costs
-            two small allreduces, a pass over the variables and their copy to host memory).
-    """
-
-    enabled: bool = False
-    commit_every: int = 20
+    enabled: bool = setting(False, "--elastic", "keep training while workers leave or join: state is committed in "
+                            "memory and the learning rate and data shards follow the world size", switch="on")
+    commit_every: int = setting(20, "--commit-every", "steps between in-memory commits; a lost worker costs at most "
+                                "this many steps", requires=integer(1))
 
     def __post_init__(self):
-        _check_int(self.commit_every, "--commit-every", 1)
+        check_settings(self)
 
 
 @dataclasses.dataclass(frozen=True)
 class Config:
-    """A whole training run.
+    """A whole training run; its sections hold the rest."""
 
-    Attributes:
-        epochs: passes over the training set (>= 0; 0 only evaluates).
-        batch_size: local batch, examples per rank per step; the global batch is
-            ``batch_size · world_size``.
-        seed: seeds initial weights (broadcast from rank 0), data order and dropout.
-    """
-
-    epochs: int = 12
-    batch_size: int = 128
-    seed: int = 0
+    epochs: int = setting(12, "--epochs", "passes over the training set (0 = evaluate only, into "
+                          "<log-dir>/evaluation.json)", requires=integer(0))
+    batch_size: int = setting(128, "--batch-size", "local batch: examples per rank per step (global batch = this x "
+                              "world size)", requires=integer(1))
+    seed: int = setting(0, "--seed", "seed of weights (broadcast from rank 0), data order and dropout",
+                        requires=integer(0, 2**31, "2^31)"))
     data: DataConfig = DataConfig()
     model: ModelConfig = ModelConfig()
     task: TaskConfig = TaskConfig()
@@ -379,9 +376,7 @@ class Config:
     elastic: ElasticConfig = ElasticConfig()
 
     def __post_init__(self):
-        _check_int(self.epochs, "--epochs", 0)
-        _check_int(self.batch_size, "--batch-size", 1)
-        _check(_is_int(self.seed) and 0 <= self.seed < 2**31, "--seed", "an integer in [0, 2^31)", self.seed)
+        check_settings(self)
         if self.checkpoint.resume and self.checkpoint.dir is None and self.log.dir is None:
             raise HvdtrainError("--resume needs the run to continue: pass its --log-dir or --checkpoint-dir")
         passes = self.optim.backward_passes_per_step

@@ -28,23 +28,21 @@ from __future__ import annotations
 
 import contextlib
 import os
-from typing import Optional, Union
+from typing import Optional
 
 from horovod.common.elastic import ObjectState
 
 from hvdtrain import callbacks as cbs
 from hvdtrain.checkpoint import CheckpointManager, require_checkpoint_dir
-from hvdtrain.chief import banner, chief_callbacks
 from hvdtrain.config import Config
-from hvdtrain.data.datasets import Dataset, data_mismatch
+from hvdtrain.data.datasets import data_mismatch
 from hvdtrain.data.sharding import ShardPlan
-from hvdtrain.data.stream import StreamingDataset
-from hvdtrain.errors import FoundHere, PeerFailure, RunEnded, is_peer_loss, say
+from hvdtrain.errors import EveryRankError, FoundHere, PeerFailure, RunEnded, is_peer_loss
 from hvdtrain.model.zoo import set_dropout_rank
-from hvdtrain.metrics import Objective
 from hvdtrain.optim import rescale_schedule
-from hvdtrain.outputs import save_trained_model
 from hvdtrain.precision import DynamicLossScale
+from hvdtrain.recipe_steps import (Parts, RankData, RunFiles, broadcast_state, make_trainer, rank_callbacks,
+                                   save_result)
 from hvdtrain.rundir import (checkpoint_dir, checkpoint_meta, default_run_dir, open_run_dir, restore_for_resume,
                              write_run_config)
 from hvdtrain.runtime import dist
@@ -52,7 +50,6 @@ from hvdtrain.runtime.dist import DistContext
 from hvdtrain.runtime.signals import defer_stop_signals
 from hvdtrain.runtime.watchdog import Watchdog
 from hvdtrain.state import TrainPosition
-from hvdtrain.trainer import Trainer, broadcast_state
 
 
 class TrainingState(ObjectState):
@@ -129,29 +126,35 @@ def _peer_loss_as_reset():
 
 
 class ElasticJob:
-    """Steps 5-8 of the recipe (run directory, broadcast, rank-0 block, training) for an elastic
-    job, re-run with the workers there are after every reset.
+    """Steps 5-9 of the recipe (:mod:`hvdtrain.recipe_steps`: restore, broadcast, rank-0 block,
+    training, saving) for an elastic job, re-run with the workers there are after every reset.
 
     Args:
         config: the run's config (``config.elastic.enabled``).
         ctx: this process's context as started; refreshed after each reset.
-        dataset, model, optimizer: as the recipe built them (not yet broadcast: the first state
-            sync does that); the dataset in memory or an image folder (:mod:`hvdtrain.data.folder`).
-        fingerprint: ``dataset.fingerprint()``, checked against rank 0's at every state sync.
+        parts: the caller's parts; callbacks (but a History) and an optimizer are refused.
+        data: step 2's data, the dataset in memory or an image folder (:mod:`hvdtrain.data.folder`);
+            its plan is remade for the world size after every reset, and its fingerprint checked
+            against rank 0's at every state sync.
+        model, optimizer: as the recipe built them (not yet broadcast: the first state sync does that).
         watchdog: the stall watchdog (told of resets, which wait for the driver).
         loss_scale: fp16's :class:`~hvdtrain.precision.DynamicLossScale` (its variables are the
             optimizer's, so commits carry it), or None.
-        objective: the loss and metrics (:class:`~hvdtrain.trainer.Trainer`'s default if None).
+
+    Raises:
+        EveryRankError: for the caller's callbacks or optimizer, which an elastic job cannot keep.
     """
 
-    def __init__(self, config: Config, ctx: DistContext, dataset: Union[Dataset, StreamingDataset], fingerprint: dict,
-                 model, optimizer, watchdog: Watchdog, loss_scale: Optional[DynamicLossScale] = None,
-                 objective: Optional[Objective] = None):
-        self.config, self.ctx, self.dataset, self.fingerprint = config, ctx, dataset, fingerprint
+    def __init__(self, config: Config, ctx: DistContext, parts: Parts, data: RankData, model, optimizer,
+                 watchdog: Watchdog, loss_scale: Optional[DynamicLossScale] = None):
+        if any(not isinstance(cb, cbs.History) for cb in parts.callbacks) or parts.optimizer is not None:
+            raise EveryRankError("an elastic job makes its callbacks anew at every reset and rescales hvdtrain's "
+                                 "learning-rate schedule: hvdtrain.fit takes callbacks= and optimizer= only "
+                                 "without elastic")
+        self.config, self.ctx, self.parts, self.data = config, ctx, parts, data
         self.model, self.optimizer, self.watchdog, self.loss_scale = model, optimizer, watchdog, loss_scale
-        self.objective = objective
         # A worker's own run directory name; rank 0's wins at the first sync.
-        self.state = TrainingState(model, optimizer, fingerprint, position=TrainPosition(),
+        self.state = TrainingState(model, optimizer, data.fingerprint, position=TrainPosition(),
                                    run_dir=config.log.dir or default_run_dir(),
                                    dir_checked=config.checkpoint.resume, resume_pending=config.checkpoint.resume)
 
@@ -190,65 +193,64 @@ class ElasticJob:
         ckpt_dir = checkpoint_dir(config, config.log.dir)
         require_checkpoint_dir(ckpt_dir)
         manager = CheckpointManager(ckpt_dir, self.model, self.optimizer, keep=config.checkpoint.keep)
-        expected = {"batch_size": config.batch_size, "seed": config.seed, "data": self.fingerprint}
-        return restore_for_resume(config, manager, config.log.dir, expected, self.dataset.num_train, elastic=True)
+        expected = {"batch_size": config.batch_size, "seed": config.seed, "data": self.data.fingerprint}
+        return restore_for_resume(config, manager, config.log.dir, expected, self.data.dataset.num_train, elastic=True)
 
     def _train_once(self, state: TrainingState) -> dict:
-        """Steps 5-8 with the current workers, from the state's position (after a sync)."""
+        """Steps 5-9 with the current workers, from the state's position (after a sync)."""
         from horovod.common.exceptions import HostsUpdatedInterrupt
 
         config, model, optimizer = self.config, self.model, self.optimizer
         ctx = self.ctx.refreshed()
         self.watchdog.beat("the first step after an elastic (re)start")
         set_dropout_rank(model, ctx.rank)  # the ranks were renumbered: keep dropout masks distinct
+        # 5. Restore, once per job at its first start: rank 0 reads the checkpoint; 6. broadcast
+        # sends it to all. (Workers that join later receive resume_pending=False, and the state, by sync.)
         if state.resume_pending:
-            # Once per job, at its first start: rank 0 reads the checkpoint and sends it to all.
-            # (Workers that join later receive resume_pending=False, and the state, by sync.)
             position = ctx.guarded("restoring the checkpoint", lambda: self._resume(ctx) if ctx.is_chief else None)
             state.position = ctx.broadcast_object(position, name="hvdtrain.elastic.resume")
             broadcast_state(ctx, model, optimizer)
             state.resume_pending = False
             state.save()
-        n = self.dataset.num_train
-        plan = ShardPlan(n, config.batch_size, ctx.size, ctx.rank, seed=config.seed)
+        n = self.data.dataset.num_train
+        data = self.data._replace(plan=ShardPlan(n, config.batch_size, ctx.size, ctx.rank, seed=config.seed))
         start = state.position
         # The learning rate follows the world size; warmup and decay continue where they were.
-        schedule = rescale_schedule(optimizer, config.optim, ctx.size, plan.steps_per_epoch, config.epochs,
+        schedule = rescale_schedule(optimizer, config.optim, ctx.size, data.plan.steps_per_epoch, config.epochs,
                                     epochs_done=start.epoch + start.example / n)
         # A step of another world size's plan means nothing here: continue at the example.
         start = TrainPosition(start.epoch, 0, start.example, start.epoch_sums, start.sums_layout)
         callbacks = []
         try:
             ckpt_dir = checkpoint_dir(config, state.run_dir)
-            meta = checkpoint_meta(config, ctx.size, plan.steps_per_epoch, self.fingerprint, elastic=True)
+            meta = checkpoint_meta(config, ctx.size, data.plan.steps_per_epoch, data.fingerprint, elastic=True)
 
             def open_for_rank_0():
                 manager = open_run_dir(config, state.run_dir, ckpt_dir, model, optimizer, fresh=not state.dir_checked)
                 write_run_config(config, state.run_dir)
-                return chief_callbacks(config, state.run_dir, manager, plan, optimizer, meta)
+                return manager
 
             # Rank 0 (perhaps another process than before the reset) opens the run directory; all
             # ranks agree on the outcome (a collective: every rank is past the sync here).
-            callbacks = ctx.guarded("opening the run directory", open_for_rank_0 if ctx.is_chief else list)
+            manager = ctx.guarded("opening the run directory", open_for_rank_0 if ctx.is_chief else lambda: None)
             if not state.dir_checked:
                 # Once per job: checkpoints found there later are this job's own. Saved on every
                 # rank alike (the state is in sync), so a new rank 0 after a reset knows it too.
                 state.dir_checked = True
                 state.save()
-            if ctx.is_chief:  # the rank-0 block
-                say(banner(ctx, config, self.dataset, plan, schedule, model, state.run_dir, ckpt_dir, start,
-                           self.objective))
+            files = RunFiles(state.run_dir, ckpt_dir, manager, start, meta)
+            # 7. Rank 0 only (perhaps another process than before the reset), and the commits.
+            callbacks = rank_callbacks(ctx, config, self.parts, data, model, optimizer, schedule, files)
             callbacks.append(cbs.ElasticCommit(state, config.epochs))
-            trainer = Trainer(ctx, model, optimizer, self.dataset, plan, log_every=config.log.log_every,
-                              eval_batch_size=config.eval_batch_size, callbacks=callbacks,
-                              watchdog=self.watchdog, agree_on_writes=True, loss_scale=self.loss_scale,
-                              xla=config.compute.xla, objective=self.objective)
+            # 8. Train.
+            trainer = make_trainer(ctx, config, data, model, optimizer, self.loss_scale, callbacks, self.watchdog,
+                                   elastic=True)
             metrics = trainer.fit(start, config.epochs,
                                   save_every=(config.checkpoint.every_steps, config.elastic.commit_every))
             # Trained: while the callbacks close (below), SIGTERM is only recorded, as in the recipe.
             defer_stop_signals()
-            if ctx.is_chief and "train_loss" in metrics:  # the trained model, as the recipe's rank 0 writes it
-                save_trained_model(model, state.run_dir)
+            # 9. Save.
+            save_result(ctx, config, trainer, metrics, model, state.run_dir, self.watchdog)
             return metrics
         except HostsUpdatedInterrupt:
             # Sync after every change, also when workers only left: by the time the driver

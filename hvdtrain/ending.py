@@ -1,14 +1,113 @@
-"""How a run that did not finish ends on this rank: what it prints and how it leaves
-(:class:`~hvdtrain.errors.RunEnded`), decided once from whatever ended it (:func:`run_ended`)."""
+"""How a run ends on this rank, for the command line and :func:`hvdtrain.fit` alike.
+
+- :func:`run_scope` wraps a run: whatever ends it early is turned, once, into a
+  :class:`~hvdtrain.errors.RunEnded` (:func:`run_ended`), and the run's callbacks, watchdog and
+  Horovod are closed either way.
+- :func:`leave` prints what this rank should of it and gives its exit status (or exits at once).
+"""
 from __future__ import annotations
 
-from typing import Optional
+import contextlib
+import dataclasses
+import os
+import sys
+import time
+import traceback
+from typing import Iterator, List, Optional
 
+from hvdtrain import callbacks as cbs
+from hvdtrain.config import Config
 from hvdtrain.errors import (Ending, EveryRankError, FoundHere, HvdtrainError, PeerFailure, PeerLost, RunEnded,
-                             is_peer_loss)
+                             is_peer_loss, say)
 from hvdtrain.runtime.dist import DistContext, current_rank
-from hvdtrain.runtime.signals import Terminated, sigterm_received, stop_exception, stop_requested
+from hvdtrain.runtime.signals import (Terminated, defer_stop_signals, restore_default_sigterm, sigterm_received,
+                                      stop_exception, stop_requested)
 from hvdtrain.runtime.watchdog import Watchdog
+
+EXIT_ERROR = 2
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a process ended by Ctrl-C
+EXIT_TERMINATED = 143  # 128 + SIGTERM: what launchers send on Ctrl-C, and schedulers on scancel or preemption
+QUIET_EXIT_DELAY_S = 2.0
+
+
+@dataclasses.dataclass
+class RunScope:
+    """What a running recipe holds that its end needs, filled in as the run gets them.
+
+    Attributes:
+        ctx: this process's context, once Horovod is up (closed at the end, where it may wait).
+        callbacks: the run's callbacks, closed at the end.
+        run_dir: the run directory, once known (where to ``--resume`` from).
+        elastic_job: an elastic job (:class:`hvdtrain.elastic.ElasticJob`), which knows its run directory.
+    """
+
+    ctx: Optional[DistContext] = None
+    callbacks: List[cbs.Callback] = dataclasses.field(default_factory=list)
+    run_dir: Optional[str] = None
+    elastic_job: Optional[object] = None
+
+
+@contextlib.contextmanager
+def run_scope(config: Config, watchdog: Watchdog) -> Iterator[RunScope]:
+    """Run the recipe inside: every way it can end is classified once, and it closes either way.
+
+    Raises:
+        RunEnded: when the run fails or is stopped, on every rank, saying how this rank leaves.
+    """
+    from hvdtrain.checkpoint import completed_checkpoints  # TensorFlow: imported by the run already
+    from hvdtrain.rundir import checkpoint_dir
+
+    scope, ending = RunScope(), None
+    try:
+        yield scope
+    except BaseException as e:  # noqa: BLE001 -- every way a run can end is classified, once
+        # From here on, while this rank reports how it ends, SIGTERM is only recorded.
+        defer_stop_signals()
+        run_dir = scope.elastic_job.run_dir if scope.elastic_job is not None else scope.run_dir
+        resumable = run_dir if run_dir and completed_checkpoints(checkpoint_dir(config, run_dir)) else None
+        ending = run_ended(e, scope.ctx, watchdog, resumable)
+        raise ending from e
+    finally:
+        # The run has ended, either way: while it closes its logs, SIGTERM is only recorded (a
+        # scheduler's SIGTERM after the last checkpoint must not turn a finished run into a stopped one).
+        defer_stop_signals()
+        watchdog.close()
+        cbs.close_all(scope.callbacks)
+        # Horovod's shutdown waits for every rank: not where this rank leaves at once.
+        if scope.ctx is not None and (ending is None or ending.ending not in (Ending.ALONE, Ending.INTERRUPTED,
+                                                                              Ending.TERMINATED)):
+            scope.ctx.close()
+
+
+def leave(ended: RunEnded) -> int:
+    """Print what this rank should of how the run ended (once per job) and return its exit
+    status, or exit at once where Horovod's shutdown at exit would wait for peers that are gone
+    or busy (:class:`~hvdtrain.errors.Ending`)."""
+    defer_stop_signals()  # a SIGTERM now must not replace what is being reported
+    if ended.ending in (Ending.INTERRUPTED, Ending.TERMINATED):
+        if ended.message:
+            say(ended.message, sys.stderr)
+        os._exit(EXIT_TERMINATED if ended.ending is Ending.TERMINATED else EXIT_INTERRUPTED)
+    restore_default_sigterm()  # as before the run: a launcher's SIGTERM ends a rank stuck in shutdown
+    if ended.ending is Ending.QUIET:
+        return quiet_exit()
+    if ended.traceback:
+        cause = ended.cause
+        traceback.print_exception(type(cause), cause, cause.__traceback__)
+    if ended.message:
+        say(ended.message, sys.stderr)
+    if ended.ending is Ending.ALONE:
+        sys.stderr.flush()
+        os._exit(EXIT_ERROR)  # without Horovod's shutdown at exit, which would wait for the peers
+    return EXIT_ERROR
+
+
+def quiet_exit() -> int:
+    """Exit status for a rank that leaves printing the error to another: it waits a moment first,
+    because launchers end the whole job when the first rank exits, which could otherwise cut off
+    the printing rank before its message is out."""
+    time.sleep(QUIET_EXIT_DELAY_S)
+    return EXIT_ERROR
 
 
 def run_ended(error: BaseException, ctx: Optional[DistContext], watchdog: Watchdog,

@@ -92,6 +92,24 @@ def module(version: int) -> ModuleType:
     return keras3() if version == 3 else keras2()
 
 
+@functools.lru_cache(maxsize=None)
+def class_for(base: type, keras: ModuleType, keras_base: str) -> type:
+    """``base`` (hvdtrain's class, written once for both Kerases) made a subclass of ``keras``'
+    ``keras_base`` (e.g. ``"layers.Layer"``), registered for deserialization as
+    ``hvdtrain>Name`` (``Name`` is ``base``'s name without ``Base``); made once per Keras.
+
+    Its ``__module__`` is ``hvdtrain.keras3`` for Keras 3 (where users import it from), else
+    ``base``'s own module; ``base`` reads its Keras as ``self._keras``.
+    """
+    version = version_of(keras.layers.Layer)
+    parent = functools.reduce(getattr, keras_base.split("."), keras)
+    name = base.__name__[:-len("Base")] if base.__name__.endswith("Base") else base.__name__
+    cls = type(name, (base, parent), {"__doc__": base.__doc__, "_keras": keras,
+                                      "__module__": "hvdtrain.keras3" if version == 3 else base.__module__})
+    register = keras.saving.register_keras_serializable if version == 3 else keras.utils.register_keras_serializable
+    return register(package="hvdtrain")(cls)
+
+
 def version_of(obj) -> Optional[int]:
     """2 or 3 for a Keras object or class (model, layer, optimizer, loss, callback, schedule), by
     the package its class comes from; None for anything else."""

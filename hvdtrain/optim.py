@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import math
 from types import ModuleType
-from typing import Dict, Optional
+from typing import Optional
 
 import tensorflow as tf
 
@@ -85,19 +85,10 @@ class WarmupScheduleBase:
                 "total_steps": self.total_steps, "decay": self.decay, "step_offset": self.step_offset}
 
 
-_SCHEDULES: Dict[str, type] = {}
-
-
 def schedule_class(keras: ModuleType) -> type:
     """:class:`WarmupScheduleBase` as a ``LearningRateSchedule`` of ``keras`` (Keras 2 or 3),
-    registered as ``hvdtrain>WarmupSchedule``; made once per Keras."""
-    if keras.__name__ not in _SCHEDULES:
-        cls = type("WarmupSchedule", (WarmupScheduleBase, keras.optimizers.schedules.LearningRateSchedule),
-                   {"__doc__": WarmupScheduleBase.__doc__, "__module__": "hvdtrain.keras3" if kerases.version_of(keras.layers.Layer) == 3 else __name__})
-        register = (keras.saving.register_keras_serializable if kerases.version_of(keras.layers.Layer) == 3
-                    else keras.utils.register_keras_serializable)
-        _SCHEDULES[keras.__name__] = register(package="hvdtrain")(cls)
-    return _SCHEDULES[keras.__name__]
+    registered as ``hvdtrain>WarmupSchedule`` (:func:`hvdtrain.kerases.class_for`)."""
+    return kerases.class_for(WarmupScheduleBase, keras, "optimizers.schedules.LearningRateSchedule")
 
 
 def __getattr__(name):

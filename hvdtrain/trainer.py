@@ -3,7 +3,6 @@ metrics, and hooks for saving.
 
 :class:`Trainer` knows nothing of run directories or elastic jobs: what happens at a save point
 (a checkpoint, an elastic commit) is a callback's (:mod:`hvdtrain.callbacks`).
-One module over 400 lines: the loop, its exact metrics and its divergence checks change together.
 """
 from __future__ import annotations
 
@@ -31,15 +30,6 @@ from hvdtrain.step import gathered, make_train_step, streamed, to_model_input
 
 
 FIRST_BATCH_MAX_S = 3600.0  # how long the stall check waits for a stream's first batch of an epoch
-
-
-def broadcast_state(ctx: DistContext, model, optimizer) -> None:
-    """Overwrite every rank's model and optimizer variables with rank 0's (a collective).
-
-    Needed once the variables exist -- random initialisation differs per rank -- and after rank 0
-    restores a checkpoint. The optimizer's slots must already be built (``optimizer.build``).
-    """
-    ctx.broadcast_variables(model.variables + list(optimizer.variables), name="the broadcast of the initial state")
 
 
 def diverged(what: str) -> EveryRankError:

@@ -1,16 +1,14 @@
 """Synchronized batch normalization over all Horovod ranks, exact for any per-rank batch sizes
 (or, with ``synchronized=False``, per-rank batch normalization on the same kernels).
 
-One layer in one module, over 400 lines: its statistics' forward pass, their allreduce and the
-matching custom gradient must change together, and the layer's docstring is its manual. The
-CPU kernels live apart (:mod:`hvdtrain.model.sync_bn_kernels`). The algorithm is written once,
-in :class:`SyncBatchNormalizationBase`; :func:`layer_class` makes it a layer of Keras 2 or of
-Keras 3 (``hvdtrain.SyncBatchNormalization``, ``hvdtrain.keras3.SyncBatchNormalization``).
+One layer in one module: its forward pass, allreduce and custom gradient change
+together. :func:`layer_class` makes it a layer of Keras 2 or 3; the CPU kernels are
+:mod:`hvdtrain.model.sync_bn_kernels`; how it computes is ``docs/sync_bn.md``.
 """
 from __future__ import annotations
 
 from types import ModuleType
-from typing import Dict, Optional, Sequence, Union
+from typing import Optional, Sequence, Union
 
 import tensorflow as tf
 
@@ -42,41 +40,10 @@ class SyncBatchNormalizationBase:
     ``2·C`` numbers. (With ``synchronized=False`` each rank uses its own batch's statistics and
     makes no collective call; see below.)
 
-    Forward: each rank computes, for each channel, its count ``n_r`` and its float64 sums of
-    ``x - K`` and ``(x - K)²`` around a shift ``K`` identical on every rank (the moving mean,
-    gradient stopped): for channels-last inputs on a CPU-only process in one pass with float64
-    accumulation (hvdtrain's kernels), elsewhere from two-pass local moments in the compute dtype
-    (mean ``m_r``, then sums of ``d = x - m_r`` and ``d²``) re-expressed around ``K``. The sums
-    and the count are summed over ranks in one float64 allreduce. The global mean and variance follow without catastrophic
-    cancellation: float64 leaves ~1e-16·(mean-K)²/var relative error in the variance, so data with
-    mean 1e4 and std 1 on the first step (``K = 0``) loses nothing
-    (Chan, Golub & LeVeque 1983, "Algorithms for computing the sample variance"; the shifted-data
-    algorithm). The variance is clamped at 0 and a zero global count divides by nothing.
-    The mean is then split into float32 ``hi + lo`` parts so ``x - mean`` stays exact in float32
-    even when ``|mean| ≫ std``. (The compute dtype is float32, or float64 for float64 inputs.)
-
-    Backward: a custom gradient with one allreduce of the per-channel ``[Σdy, Σdy·x̂]`` gives the
-    exact gradient of global-batch batch normalization with respect to each rank's input:
-    ``dx = γ/σ · (dy - Σdy/N - x̂ · Σ(dy·x̂)/N)`` (Ioffe & Szegedy 2015, "Batch Normalization", §3),
-    while ``dγ = Σ_local dy·x̂`` and ``dβ = Σ_local dy`` stay local, so that Horovod's averaging of
-    gradients over ranks yields the global-batch gradient. With ``activation="relu"``, ``dy`` here
-    is the incoming gradient times the ReLU's derivative (1 where the output is > 0, else 0).
-
-    Moving mean and variance are updated from the global statistics, so they are identical on every
-    rank; no update happens when the global count is 0. Inference uses them and communicates nothing.
-    With world size 1 (or Horovod not initialized) the layer is plain batch normalization and makes
-    no collective call. So it is with ``synchronized=False`` at any world size: each rank then
-    normalizes with its own batch's statistics (as Keras' ``BatchNormalization`` under Horovod) and
-    keeps its own moving statistics, on the same kernels.
-
-    Such a training call without collectives (``synchronized=False``, or world size 1) that the
-    CPU kernels do not serve (a GPU process, channels-first input, ``HVDTRAIN_SYNC_BN_KERNELS=0``)
-    runs TensorFlow's fused batch norm instead, forward and backward, as Keras' layer does
-    (cuDNN's kernels on a GPU), for 4-D float32, float16 or bfloat16 input and ``epsilon >=
-    1.001e-5``; its float32 statistics are computed by the op, not by the float64 shifted sums
-    above. float16/bfloat16 inputs are normalized with float32 statistics and returned in the
-    input dtype; the layer's weights stay float32 under a mixed-precision policy. float64 inputs
-    (a layer with ``dtype="float64"``) are computed in float64 throughout.
+    How the statistics and their gradient are computed exactly (shifted float64 sums, one
+    allreduce forward and one backward), the kernels each case runs on, the deliberate
+    differences from Keras' layer and the caveats (every rank must call the layer alike) are in
+    ``docs/sync_bn.md``.
 
     Args:
         axis: int or list of ints, the channel axis or axes (default -1, channels-last; use 1 for
@@ -127,14 +94,6 @@ class SyncBatchNormalizationBase:
         (``mixed_float16``/``mixed_bfloat16``) the compute dtype, as Keras' layer (its statistics
         and weights stay float32); for an integer input the compute dtype (normalized, not truncated).
 
-    Deliberate differences from Keras' ``BatchNormalization`` (``tests/model/test_sync_bn_keras.py``
-    runs what tf-keras's own tests check): masks are refused, not used to leave positions out;
-    ``training=None`` means inference also in TF1 graph mode (Keras reads the learning phase there);
-    the moving variance is the biased one unless ``unbiased_moving_variance`` (Keras' fused kernel
-    applies Bessel's correction); ``synchronized`` defaults to True; several ``axis`` entries keep
-    weights of shape ``(C1, C2)`` where Keras keeps ``(1, C1, 1, C2)``; renorm, virtual batches and
-    adjustment are refused.
-
     Reference:
         Ioffe & Szegedy, "Batch Normalization: Accelerating Deep Network Training by Reducing
         Internal Covariate Shift", ICML 2015. Peng et al., "MegDet: A Large Mini-Batch Object
@@ -148,46 +107,16 @@ class SyncBatchNormalizationBase:
             channel dimensions are unknown; when called with a mask (Keras' ``BatchNormalization``
             leaves masked positions out of its statistics; this layer does not support that).
 
-    Caveats:
-        * Every rank must call the layer the same number of times per training step, in the same
-          order: each training call is a collective (unless ``synchronized=False``). A rank that
-          skips a call (a Python branch that depends on rank-local data, a different number of
-          steps per epoch) leaves the others waiting for its allreduce; Horovod's stall check then
-          reports the missing rank and, under hvdtrain, the job aborts instead of hanging.
-          hvdtrain guarantees equal calls by running the same model on every rank and the same
-          number of steps per epoch on every rank (:mod:`hvdtrain.data.sharding` gives short local
-          batches rather than fewer steps).
-        * Inference (``training=False``) makes no collective call, so evaluation shards may differ.
-        * Losses must be sums over the local batch scaled to the global batch for the step to equal
-          the global-batch step when local batches differ (see :mod:`hvdtrain.trainer`).
     """
 
-    def __init__(
-        self,
-        axis: Union[int, Sequence[int]] = -1,
-        momentum: float = 0.99,
-        epsilon: float = 1e-3,
-        center: bool = True,
-        scale: bool = True,
-        beta_initializer="zeros",
-        gamma_initializer="ones",
-        moving_mean_initializer="zeros",
-        moving_variance_initializer="ones",
-        beta_regularizer=None,
-        gamma_regularizer=None,
-        beta_constraint=None,
-        gamma_constraint=None,
-        unbiased_moving_variance: bool = False,
-        activation: Optional[str] = None,
-        synchronized: bool = True,
-        fused: Optional[bool] = None,
-        renorm: bool = False,
-        renorm_clipping: Optional[dict] = None,
-        renorm_momentum: float = 0.99,
-        virtual_batch_size: Optional[int] = None,
-        adjustment=None,
-        **kwargs,
-    ):
+    def __init__(self, axis: Union[int, Sequence[int]] = -1, momentum: float = 0.99, epsilon: float = 1e-3,
+                 center: bool = True, scale: bool = True, beta_initializer="zeros", gamma_initializer="ones",
+                 moving_mean_initializer="zeros", moving_variance_initializer="ones", beta_regularizer=None,
+                 gamma_regularizer=None, beta_constraint=None, gamma_constraint=None,
+                 unbiased_moving_variance: bool = False, activation: Optional[str] = None, synchronized: bool = True,
+                 fused: Optional[bool] = None, renorm: bool = False, renorm_clipping: Optional[dict] = None,
+                 renorm_momentum: float = 0.99, virtual_batch_size: Optional[int] = None, adjustment=None,
+                 **kwargs):
         # Keras' cast of floating inputs to the compute dtype happens in call, under a mixed policy
         # only: with the float32 policy, half-precision inputs keep their dtype.
         kwargs.setdefault("autocast", False)
@@ -228,7 +157,6 @@ class SyncBatchNormalizationBase:
         self.activation = activation
         self.synchronized = bool(synchronized)
 
-    # ---- construction -------------------------------------------------------------------------
     def build(self, input_shape):
         input_shape = tf.TensorShape(input_shape)
         ndim = input_shape.rank
@@ -253,34 +181,34 @@ class SyncBatchNormalizationBase:
         self.input_spec = self._keras.layers.InputSpec(ndim=ndim, axes={a: input_shape[a] for a in self._axes})
 
         param_dtype = tf.float32 if self.dtype in ("float16", "bfloat16") else self.dtype
+        # Weights stay float32 under a mixed policy; Keras 2's statistics aggregate as its own layer's.
+        keras3 = kerases.version_of(self._keras.layers.Layer) == 3
+        float32 = {"autocast": False} if keras3 else {"experimental_autocast": False}
+        statistic = {} if keras3 else {"synchronization": tf.VariableSynchronization.ON_READ,
+                                       "aggregation": tf.VariableAggregation.MEAN}
         if self.scale:
             self.gamma = self.add_weight(
                 name="gamma", shape=param_shape, dtype=param_dtype, initializer=self.gamma_initializer,
-                regularizer=self.gamma_regularizer, constraint=self.gamma_constraint, **self._float32_weight,
+                regularizer=self.gamma_regularizer, constraint=self.gamma_constraint, **float32,
             )
         else:
             self.gamma = None
         if self.center:
             self.beta = self.add_weight(
                 name="beta", shape=param_shape, dtype=param_dtype, initializer=self.beta_initializer,
-                regularizer=self.beta_regularizer, constraint=self.beta_constraint, **self._float32_weight,
+                regularizer=self.beta_regularizer, constraint=self.beta_constraint, **float32,
             )
         else:
             self.beta = None
-        stat = dict(shape=param_shape, dtype=param_dtype, trainable=False, **self._float32_weight,
-                    **self._statistic_weight)
+        stat = dict(shape=param_shape, dtype=param_dtype, trainable=False, **float32,
+                    **statistic)
         self.moving_mean = self.add_weight(name="moving_mean", initializer=self.moving_mean_initializer, **stat)
         self.moving_variance = self.add_weight(
             name="moving_variance", initializer=self.moving_variance_initializer, **stat)
         super().build(input_shape)
 
-    # ---- computation --------------------------------------------------------------------------
-    # Per-channel quantities are flat [C] vectors; the element-wise work is done either by the
-    # single-pass CPU kernels (hvdtrain/model/sync_bn_kernels, channels-last inputs on CPU-only
-    # processes) or by TensorFlow ops (any layout, any device). Both compute the same quantities
-    # (the moments by different passes; see the class docstring), equal to float32 rounding
-    # (tests/model/test_sync_bn.py).
-    # Off the kernels, a call without collectives on 4-D input takes TensorFlow's fused batch norm.
+    # Per-channel quantities are flat [C] vectors; element-wise work runs on the CPU kernels or on
+    # TensorFlow ops (docs/sync_bn.md, "Which kernels run").
     def _compute_dtype_of(self, inputs) -> tf.DType:
         """float64 for float64 inputs (or integer inputs to a float64 layer), float32 for any other
         (half precision included)."""
@@ -496,47 +424,21 @@ class SyncBatchNormalizationBase:
         return input_shape
 
     def get_config(self):
-        ser = self._keras.initializers.serialize
-        config = {
-            "axis": self.axis,
-            "momentum": self.momentum,
-            "epsilon": self.epsilon,
-            "center": self.center,
-            "scale": self.scale,
-            "beta_initializer": ser(self.beta_initializer),
-            "gamma_initializer": ser(self.gamma_initializer),
-            "moving_mean_initializer": ser(self.moving_mean_initializer),
-            "moving_variance_initializer": ser(self.moving_variance_initializer),
-            "beta_regularizer": self._keras.regularizers.serialize(self.beta_regularizer),
-            "gamma_regularizer": self._keras.regularizers.serialize(self.gamma_regularizer),
-            "beta_constraint": self._keras.constraints.serialize(self.beta_constraint),
-            "gamma_constraint": self._keras.constraints.serialize(self.gamma_constraint),
-            "unbiased_moving_variance": self.unbiased_moving_variance,
-            "activation": self.activation,
-            "synchronized": self.synchronized,
-        }
+        k = self._keras
+        config = {name: getattr(self, name) for name in (
+            "axis", "momentum", "epsilon", "center", "scale", "unbiased_moving_variance", "activation", "synchronized")}
+        for kind, serialize in (("initializer", k.initializers.serialize), ("regularizer", k.regularizers.serialize),
+                                ("constraint", k.constraints.serialize)):
+            for weight in ("beta", "gamma") + (("moving_mean", "moving_variance") if kind == "initializer" else ()):
+                config[f"{weight}_{kind}"] = serialize(getattr(self, f"{weight}_{kind}"))
         return {**super().get_config(), **config}
-
-
-_CLASSES: Dict[str, type] = {}
 
 
 def layer_class(keras: ModuleType) -> type:
     """:class:`SyncBatchNormalizationBase` as a layer of ``keras`` (a Keras 2 or Keras 3 package;
-    :mod:`hvdtrain.kerases`), registered for deserialization as ``hvdtrain>SyncBatchNormalization``;
-    made once per Keras."""
-    if keras.__name__ not in _CLASSES:
-        version = kerases.version_of(keras.layers.Layer)
-        options = ({"float32_weight": {"autocast": False}, "statistic_weight": {}} if version == 3 else
-                   {"float32_weight": {"experimental_autocast": False},
-                    "statistic_weight": {"synchronization": tf.VariableSynchronization.ON_READ,
-                                         "aggregation": tf.VariableAggregation.MEAN}})
-        cls = type("SyncBatchNormalization", (SyncBatchNormalizationBase, keras.layers.Layer), {
-            "__doc__": SyncBatchNormalizationBase.__doc__, "__module__": "hvdtrain.keras3" if kerases.version_of(keras.layers.Layer) == 3 else __name__, "_keras": keras,
-            "_float32_weight": options["float32_weight"], "_statistic_weight": options["statistic_weight"]})
-        register = keras.saving.register_keras_serializable if version == 3 else keras.utils.register_keras_serializable
-        _CLASSES[keras.__name__] = register(package="hvdtrain")(cls)
-    return _CLASSES[keras.__name__]
+    :mod:`hvdtrain.kerases`), registered for deserialization as ``hvdtrain>SyncBatchNormalization``
+    (:func:`hvdtrain.kerases.class_for`)."""
+    return kerases.class_for(SyncBatchNormalizationBase, keras, "layers.Layer")
 
 
 def __getattr__(name):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 from types import ModuleType
-from typing import Callable, Dict, Optional, Tuple, Union
+from typing import Callable, Optional, Tuple, Union
 
 import tensorflow as tf
 
@@ -65,19 +65,10 @@ class SeededDropoutBase:
         return {**super().get_config(), "rate": self.rate, "seed": self.seed, "rank": self.rank}
 
 
-_DROPOUTS: Dict[str, type] = {}
-
-
 def dropout_class(keras: ModuleType) -> type:
     """:class:`SeededDropoutBase` as a layer of ``keras`` (Keras 2 or 3), registered as
-    ``hvdtrain>SeededDropout``; made once per Keras."""
-    if keras.__name__ not in _DROPOUTS:
-        cls = type("SeededDropout", (SeededDropoutBase, keras.layers.Layer),
-                   {"__doc__": SeededDropoutBase.__doc__, "__module__": "hvdtrain.keras3" if kerases.version_of(keras.layers.Layer) == 3 else __name__})
-        register = (keras.saving.register_keras_serializable if kerases.version_of(keras.layers.Layer) == 3
-                    else keras.utils.register_keras_serializable)
-        _DROPOUTS[keras.__name__] = register(package="hvdtrain")(cls)
-    return _DROPOUTS[keras.__name__]
+    ``hvdtrain>SeededDropout`` (:func:`hvdtrain.kerases.class_for`)."""
+    return kerases.class_for(SeededDropoutBase, keras, "layers.Layer")
 
 
 def __getattr__(name):

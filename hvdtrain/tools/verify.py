@@ -78,7 +78,8 @@ def worker(a) -> None:
     from hvdtrain.model.zoo import build_model
     from hvdtrain.optim import build_optimizer
     from hvdtrain.task import build_objective, expected_outputs
-    from hvdtrain.trainer import Trainer, broadcast_state
+    from hvdtrain.recipe_steps import broadcast_state
+    from hvdtrain.trainer import Trainer
 
     loss = get_loss(a.loss)
     dataset = load_dataset(a.dataset, a.data_dir, a.seed, loss.labels)

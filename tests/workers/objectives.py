@@ -58,7 +58,8 @@ def main():
     from hvdtrain.model.zoo import build_model
     from hvdtrain.optim import build_optimizer, users_optimizer
     from hvdtrain.task import build_objective, expected_outputs
-    from hvdtrain.trainer import Trainer, broadcast_state
+    from hvdtrain.recipe_steps import broadcast_state
+    from hvdtrain.trainer import Trainer
 
     assert len(sizes) == ctx.size, f"{len(sizes)} sizes for world size {ctx.size}"
     global_batch, arrays = sum(sizes), {}

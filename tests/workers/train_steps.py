@@ -58,7 +58,8 @@ def main():
     from hvdtrain.optim import build_optimizer, users_optimizer
     from hvdtrain.precision import DynamicLossScale, set_precision
     from hvdtrain.step import gathered, make_train_step
-    from hvdtrain.trainer import Trainer, broadcast_state
+    from hvdtrain.recipe_steps import broadcast_state
+    from hvdtrain.trainer import Trainer
 
     sizes = [int(s) for s in a.sizes.split(",")]
     assert len(sizes) == ctx.size, f"{len(sizes)} sizes for world size {ctx.size}"
