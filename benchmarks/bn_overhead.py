@@ -48,7 +48,7 @@ def main():
     ctx = init_distributed(threads=a.threads)
     import tensorflow as tf
     from hvdtrain import SyncBatchNormalization
-    from hvdtrain.data.datasets import make_synthetic
+    from hvdtrain.data.in_memory import make_synthetic
     from hvdtrain.model.zoo import norm_factory, resnet20, seed_cnn, unfused_norm
 
     norms = {"local": common.keras_batch_norm, "hvdtrain": norm_factory(True), "horovod": common.horovod_sync_bn,

@@ -163,7 +163,7 @@ def alternating_step_times(ctx, runs: dict, warmup: int, rounds: int, steps: int
     a cold cache, a pending allreduce) does not favour one variant.
 
     Args:
-        ctx: the ranks' :class:`hvdtrain.dist.DistContext`.
+        ctx: the ranks' :class:`hvdtrain.runtime.dist.DistContext`.
         runs: ``{variant: run}``, ``run(n)`` taking n steps and waiting for the last.
         warmup: untimed steps of each variant first (tracing, allocation).
         rounds: alternating rounds; steps: steps of each variant per round.
@@ -197,7 +197,7 @@ def _horovod_sync_bn_layer():
 
 
 def keras_batch_norm(x, relu: bool = False):
-    """The built-in models' ``norm`` (:data:`hvdtrain.models.Norm`) with Keras' ``BatchNormalization``
+    """The built-in models' ``norm`` (:data:`hvdtrain.model.zoo.Norm`) with Keras' ``BatchNormalization``
     (per rank, momentum 0.9) and a ReLU layer after it: what a plain Keras model has."""
     import tensorflow as tf
     from hvdtrain.model.zoo import unfused_norm
@@ -206,7 +206,7 @@ def keras_batch_norm(x, relu: bool = False):
 
 
 def horovod_sync_bn(x, relu: bool = False):
-    """The built-in models' ``norm`` (:data:`hvdtrain.models.Norm`) with Horovod's layer; a ReLU layer after it."""
+    """The built-in models' ``norm`` (:data:`hvdtrain.model.zoo.Norm`) with Horovod's layer; a ReLU layer after it."""
     from hvdtrain.model.zoo import unfused_norm
 
     return unfused_norm(_horovod_sync_bn_layer)(x, relu=relu)
@@ -404,7 +404,7 @@ IMAGE_SHAPES = {"cnn": (28, 28, 1), "resnet20": (32, 32, 3), "resnet50": (224, 2
 def bench_dataset(model: str, batch_size: int, world_size: int, real_data: bool = True):
     """The benchmark data of ``model``: real Fashion-MNIST for the seed CNN (when ``real_data``),
     else synthetic images of the model's input shape, a few global batches' worth."""
-    from hvdtrain.data.datasets import load_idx_dir, make_synthetic
+    from hvdtrain.data.in_memory import load_idx_dir, make_synthetic
 
     if model == "cnn" and real_data:
         return load_idx_dir(FASHION_MNIST)
@@ -463,7 +463,7 @@ def hvdtrain_stepper(ctx, model, dataset, batch_size: int, optimizer=None):
     def run(n: int) -> None:
         for _ in range(n):
             trainer.train_step(*next(stream))
-        trainer._sums.numpy()  # the last step has finished
+        trainer.wait()
 
     return trainer, run
 

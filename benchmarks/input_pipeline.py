@@ -34,9 +34,9 @@ import common  # noqa: E402
 
 
 def make_data(root: str, train_examples: int) -> dict:
-    from hvdtrain.data.datasets import DEFAULT_DATA_DIR, load_idx_dir
+    from hvdtrain.data.in_memory import DEFAULT_DATA_DIR, load_idx_dir
     from hvdtrain.tools import make_tfrecords
-    from tests.image_files import folder_order, write_image_folder
+    from hvdtrain.tools.make_image_folder import folder_order, write_image_folder
 
     d = load_idx_dir(DEFAULT_DATA_DIR)
     x, y, xt, yt = d.x_train[:train_examples], d.y_train[:train_examples], d.x_test[:2000], d.y_test[:2000]

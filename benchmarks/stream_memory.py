@@ -38,7 +38,7 @@ def worker(argv) -> None:
 
 
 def make_data(root: str, n_train: int) -> dict:
-    from tests.image_files import folder_order, write_image_folder
+    from hvdtrain.tools.make_image_folder import folder_order, write_image_folder
 
     rng = np.random.default_rng(0)
     n_test = max(10, n_train // 10)

@@ -10,7 +10,7 @@ queue) around timed steps, in three groups:
 
 * ``Python main``: the thread that calls the compiled step;
 * ``Horovod``: the threads ``hvd.init`` starts (Horovod's background loop, MPI's or Gloo's helpers;
-  nice 19 under MPI, see ``hvdtrain/dist.py``);
+  nice 19 under MPI, see ``hvdtrain/runtime/placement.py``);
 * ``TensorFlow``: every other thread, nearly all of them TensorFlow's inter-op and intra-op pools.
 
 Variants, alternating in rounds within each job as in ``step_breakdown.py``: ``no collectives`` (the

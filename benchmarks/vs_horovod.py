@@ -4,7 +4,7 @@
     .venv/bin/python benchmarks/vs_horovod.py --launch 2        # the same, launched for you
     .venv/bin/python benchmarks/vs_horovod.py --launch 2 --transport mpi
 
-The plain loop is written as Horovod's ``examples/tensorflow2/tensorflow2_mnist.py`` writes it: a
+The plain loop is written as Horovod's ``horovod/examples/tensorflow2/tensorflow2_mnist.py`` writes it: a
 ``tf.data`` pipeline (``from_tensor_slices`` -> ``repeat`` -> ``shuffle(10000)`` ->
 ``batch``), a ``tf.function`` step with ``hvd.DistributedGradientTape``, and variables broadcast
 after the first step. Both loops live in the same processes (so they get the same cores and

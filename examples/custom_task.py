@@ -12,7 +12,7 @@ import numpy as np
 import tensorflow as tf
 
 import hvdtrain
-from hvdtrain.data.datasets import load_idx_dir
+from hvdtrain.data.in_memory import load_idx_dir
 
 p = argparse.ArgumentParser()
 p.add_argument("--train", type=int, default=20000)

@@ -10,7 +10,7 @@ Mean IoU is exact over all ranks: their confusion matrices are summed by one all
 import argparse
 
 import hvdtrain
-from hvdtrain.data.datasets import load_idx_dir
+from hvdtrain.data.in_memory import load_idx_dir
 from hvdtrain.tools.make_segmentation import label_maps
 
 p = argparse.ArgumentParser()

@@ -20,10 +20,10 @@ from typing import Callable, List, Optional, Sequence, Union
 from hvdtrain import callbacks as cbs
 from hvdtrain.config import Config
 from hvdtrain.config_file import config_from_flat, flatten, read_config_file
-from hvdtrain.data.datasets import Dataset, validate
+from hvdtrain.data.in_memory import Dataset, validate
 from hvdtrain.ending import leave
 from hvdtrain.errors import Ending, HvdtrainError, PeerFailure, RunEnded
-from hvdtrain.imports import name_of
+from hvdtrain.user_code import name_of
 from hvdtrain.runtime.signals import install_stop_handlers
 
 
@@ -69,7 +69,7 @@ def fit(model_fn: Union[str, Callable], data=None, *, loss=None, metrics: Option
         data: the same on every rank. In memory: ``(x_train, y_train, x_test, y_test)`` numpy
             arrays -- images ``(n, H, W[, C])`` uint8 (pixels 0-255) or float, labels ``(n, ...)``
             (int class indices, per image or per pixel; or float targets) -- or a
-            :class:`~hvdtrain.data.datasets.Dataset`. Streamed: ``(train, test)``, two
+            :class:`~hvdtrain.data.in_memory.Dataset`. Streamed: ``(train, test)``, two
             ``tf.data.Dataset`` of unbatched ``(image, label)`` pairs (class labels), which each
             epoch shuffles alike on every rank (``data={"shuffle_buffer": N}``) and shards exactly;
             or a data function ``fn(split, rank, world_size, seed, epoch) -> tf.data.Dataset``

@@ -13,9 +13,10 @@ import sys
 import time
 from typing import List, Optional, Tuple
 
-from hvdtrain.errors import HvdtrainError, say
+from hvdtrain.errors import HvdtrainError
+from hvdtrain.console import say
 from hvdtrain.files import replace_file
-from hvdtrain.state import TrainPosition
+from hvdtrain.position import TrainPosition
 
 
 class Callback:
@@ -40,7 +41,7 @@ class Callback:
 
     def on_save_point(self, position: TrainPosition) -> None:
         """A save point within an epoch (``Trainer.fit``'s ``save_every``), at ``position``, whose
-        ``epoch_sums`` are the epoch's global objective sums so far (:class:`~hvdtrain.metrics.Objective`)."""
+        ``epoch_sums`` are the epoch's global objective sums so far (:class:`~hvdtrain.task.Objective`)."""
 
     def on_epoch_end(self, epoch: int, metrics: dict) -> None: ...
 

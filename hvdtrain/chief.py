@@ -10,7 +10,7 @@ from hvdtrain.data.sharding import ShardPlan
 from hvdtrain.model.zoo import BUILTIN_MODELS
 from hvdtrain.outputs import Curves
 from hvdtrain.runtime.dist import DistContext
-from hvdtrain.state import TrainPosition
+from hvdtrain.position import TrainPosition
 
 
 def optimizer_summary(optim: OptimConfig) -> str:
@@ -52,7 +52,7 @@ def banner(ctx: DistContext, config: Config, dataset, plan: ShardPlan, schedule,
     model, loss and metrics, run directory and where training starts.
 
     Args:
-        objective: the run's :class:`~hvdtrain.metrics.Objective` (default: the config's names).
+        objective: the run's :class:`~hvdtrain.task.Objective` (default: the config's names).
         model_name: what the model is called (default: ``config.model.name``).
     """
     last = plan.global_batch_size(plan.steps_per_epoch - 1)

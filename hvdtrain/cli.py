@@ -12,7 +12,8 @@ from typing import List, Optional, Tuple
 from hvdtrain.config import Config, ConfigError, declared_settings
 from hvdtrain.config_file import config_from_flat, config_to_yaml, read_config_file
 from hvdtrain.ending import EXIT_ERROR, leave, quiet_exit
-from hvdtrain.errors import HvdtrainError, RunEnded, say
+from hvdtrain.errors import HvdtrainError, RunEnded
+from hvdtrain.console import say
 from hvdtrain.runtime.launcher import launcher_rank
 from hvdtrain.runtime.signals import defer_stop_signals, install_stop_handlers
 

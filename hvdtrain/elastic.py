@@ -35,7 +35,7 @@ from horovod.common.elastic import ObjectState
 from hvdtrain import callbacks as cbs
 from hvdtrain.checkpoint import CheckpointManager, require_checkpoint_dir
 from hvdtrain.config import Config
-from hvdtrain.data.datasets import data_mismatch
+from hvdtrain.data.in_memory import data_mismatch
 from hvdtrain.data.sharding import ShardPlan
 from hvdtrain.errors import EveryRankError, FoundHere, PeerFailure, RunEnded, is_peer_loss
 from hvdtrain.model.zoo import set_dropout_rank
@@ -49,7 +49,7 @@ from hvdtrain.runtime import dist
 from hvdtrain.runtime.dist import DistContext
 from hvdtrain.runtime.signals import defer_stop_signals
 from hvdtrain.runtime.watchdog import Watchdog
-from hvdtrain.state import TrainPosition
+from hvdtrain.position import TrainPosition
 
 
 class TrainingState(ObjectState):
@@ -62,7 +62,7 @@ class TrainingState(ObjectState):
     Args:
         model: the Keras model (built).
         optimizer: its optimizer, variables built.
-        fingerprint: this worker's :meth:`hvdtrain.data.datasets.Dataset.fingerprint`; a sync
+        fingerprint: this worker's :meth:`hvdtrain.data.in_memory.Dataset.fingerprint`; a sync
             checks it against rank 0's (kept as the attribute ``data``).
         **kwargs: plain Python values kept with the variables and exposed as attributes:
             ``position`` (:class:`TrainPosition`), ``run_dir`` (str), ``dir_checked`` (bool),

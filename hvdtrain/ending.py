@@ -17,8 +17,8 @@ from typing import Iterator, List, Optional
 
 from hvdtrain import callbacks as cbs
 from hvdtrain.config import Config
-from hvdtrain.errors import (Ending, EveryRankError, FoundHere, HvdtrainError, PeerFailure, PeerLost, RunEnded,
-                             is_peer_loss, say)
+from hvdtrain.errors import (Ending, EveryRankError, FoundHere, HvdtrainError, PeerFailure, PeerLost, RunEnded, is_peer_loss)
+from hvdtrain.console import say
 from hvdtrain.runtime.dist import DistContext, current_rank
 from hvdtrain.runtime.signals import (Terminated, defer_stop_signals, restore_default_sigterm, sigterm_received,
                                       stop_exception, stop_requested)

@@ -1,4 +1,4 @@
-"""What can go wrong, and how a rank's run ends: hvdtrain's exception types, and helpers for messages.
+"""What can go wrong, and how a rank's run ends: hvdtrain's exception types.
 
 Two kinds of types live here:
 
@@ -6,15 +6,14 @@ Two kinds of types live here:
   :class:`EveryRankError` (one found alike on every rank), :class:`FoundHere` and
   :class:`PeerFailure` (the two sides of an error the ranks agreed on, see
   :meth:`hvdtrain.runtime.dist.DistContext.agree`) and :class:`PeerLost` (a peer went away);
-* :class:`RunEnded`, the one outcome a failed or stopped run ends with. :func:`hvdtrain.recipe.run`
-  turns whatever ended the run into it, once, where it catches it; :mod:`hvdtrain.cli` maps its
+* :class:`RunEnded`, the one outcome a failed or stopped run ends with. :func:`hvdtrain.ending.run_scope`
+  turns whatever ended the run into it, once; :func:`hvdtrain.ending.leave` maps its
   :class:`Ending` to what the rank prints and its exit status.
 """
 from __future__ import annotations
 
 import enum
-import sys
-from typing import List, Optional, TextIO
+from typing import List, Optional
 
 
 class HvdtrainError(Exception):
@@ -96,7 +95,7 @@ class Ending(enum.Enum):
 
 
 class RunEnded(Exception):
-    """The outcome of a run that failed or was stopped, decided once (:func:`hvdtrain.recipe.run`).
+    """The outcome of a run that failed or was stopped, decided once (:func:`hvdtrain.ending.run_scope`).
 
     Args:
         ending: how this rank leaves.
@@ -138,14 +137,3 @@ def describe_differences(ours: dict, theirs: dict, there: str, prefix: str = "")
         else:
             differences.append(f"{prefix}{key}: {mine!r} here, {other!r} {there}")
     return differences
-
-
-def say(text: str, stream: Optional[TextIO] = None) -> None:
-    """Write ``text`` and its newline in one write to ``stream`` (default: stdout), then flush.
-
-    With ``PYTHONUNBUFFERED`` (common in containers) ``print()`` writes the newline apart, and
-    ``mpirun``'s output tagging then makes it a line of its own, after the text.
-    """
-    stream = stream or sys.stdout
-    stream.write(text + "\n")
-    stream.flush()

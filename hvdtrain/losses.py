@@ -17,7 +17,7 @@ import tensorflow as tf
 from hvdtrain import kerases
 from hvdtrain.config import CLASSES, LOSSES, TARGETS
 from hvdtrain.errors import HvdtrainError
-from hvdtrain.imports import name_of
+from hvdtrain.user_code import name_of
 
 
 def per_example(values: tf.Tensor, what: str = "the loss") -> tf.Tensor:

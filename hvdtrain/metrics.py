@@ -3,19 +3,19 @@
 Averaging the ranks' means would weight a rank's short last batch like a full one. Every metric
 here is a function of float64 sums over examples instead (counts of correct predictions, a
 confusion matrix), which an allreduce adds exactly; the value is computed from the global sums.
-:class:`Objective` puts the loss's sums and every metric's into one vector, so a step adds to one
-variable and an epoch's metrics cost one allreduce.
+:class:`hvdtrain.task.Objective` puts the loss's sums and every metric's into one vector, so a step
+adds to one variable and an epoch's metrics cost one allreduce.
 """
 from __future__ import annotations
 
-from typing import Callable, Dict, List, Sequence, Tuple, Union
+from typing import Callable, Union
 
 import numpy as np
 import tensorflow as tf
 
 from hvdtrain.config import CLASSES, METRICS
-from hvdtrain.errors import EveryRankError, HvdtrainError
-from hvdtrain.imports import name_of
+from hvdtrain.errors import HvdtrainError
+from hvdtrain.user_code import name_of
 from hvdtrain.losses import Loss, per_example
 
 
@@ -158,104 +158,3 @@ def get_metric(spec: Union[str, Metric, Callable], loss: Loss, labels: str, num_
                                 f"top 5 (use accuracy)")
         return TopKAccuracy(5)
     return MeanIoU(num_classes)
-
-
-class Objective:
-    """A run's loss and metrics, over one float64 sums vector ``[loss sum, examples, *metric sums]``.
-
-    Args:
-        loss: the :class:`~hvdtrain.losses.Loss`.
-        metrics: the :class:`Metric` objects (names must differ, and not be ``loss``).
-
-    Call arguments:
-        labels: ``(b, ...)`` int32 class indices or float32 targets.
-        outputs: the model's outputs, any float dtype.
-
-    Returns (of a call):
-        ``(per_example, sums)``: float32 ``(b,)`` losses and float64 ``(size,)`` sums.
-
-    Raises:
-        HvdtrainError: for two metrics of one name.
-    """
-
-    def __init__(self, loss: Loss, metrics: Sequence[Metric] = ()):
-        self.loss, self.metrics = loss, list(metrics)
-        names = ["loss", "count"] + [m.name for m in self.metrics]
-        if len(set(names)) != len(names):
-            raise HvdtrainError(f"metric names must differ from each other and from 'loss', got {names[2:]}")
-        self.size = 2 + sum(m.size for m in self.metrics)
-
-    @property
-    def names(self) -> List[str]:
-        """``["loss", *metric names]``: the keys of :meth:`results` besides ``count``."""
-        return ["loss"] + [m.name for m in self.metrics]
-
-    def __call__(self, labels: tf.Tensor, outputs: tf.Tensor) -> Tuple[tf.Tensor, tf.Tensor]:
-        outputs = tf.cast(outputs, tf.float32)
-        losses = self.loss(labels, outputs)
-        sums = [tf.stack([tf.reduce_sum(tf.cast(losses, tf.float64)), tf.cast(tf.shape(losses)[0], tf.float64)])]
-        sums += [m.sums(labels, outputs) for m in self.metrics]
-        return losses, tf.concat(sums, 0)
-
-    def check(self, labels: tf.Tensor, outputs: tf.Tensor) -> None:
-        """Run the loss and metrics once, eagerly, on a batch of ``labels`` and model ``outputs``
-        (before training: a user's function that fails, or gives one value per batch, is named
-        here, not in the middle of a compiled step).
-
-        Raises:
-            HvdtrainError: naming the loss or metric that fails or gives other than one value per example.
-        """
-        batch = int(labels.shape[0])
-        for name, run in [(f"the loss {self.loss.name}", lambda: self.loss(labels, tf.cast(outputs, tf.float32)))] + [
-                (f"the metric {m.name}", lambda m=m: m.sums(labels, tf.cast(outputs, tf.float32))) for m in self.metrics]:
-            try:
-                value = run()
-            except HvdtrainError:
-                raise
-            except Exception as e:  # noqa: BLE001 -- the user's code: report it as theirs
-                first = (str(e).strip().splitlines() or [""])[0]
-                raise HvdtrainError(f"{name} fails on labels {tuple(labels.shape)} {labels.dtype.name} and outputs "
-                                    f"{tuple(outputs.shape)}: {type(e).__name__}: {first}") from e
-            if name.startswith("the loss") and tuple(value.shape) != (batch,):
-                raise HvdtrainError(f"{name} gives shape {tuple(value.shape)} for a batch of {batch}: one loss per "
-                                    f"example is needed")
-
-    def results(self, sums: Sequence[float]) -> Dict[str, float]:
-        """``{"loss", *metric names, "count"}`` from global sums (``count``: examples, an int)."""
-        sums = np.asarray(sums, np.float64)
-        out = {"loss": float(sums[0] / max(sums[1], 1.0))}
-        offset = 2
-        for metric in self.metrics:
-            out[metric.name] = metric.result(sums[offset:offset + metric.size])
-            offset += metric.size
-        out["count"] = int(sums[1])
-        return out
-
-    @property
-    def layout(self) -> Tuple[str, ...]:
-        """What the sums are: the loss's name, then ``"<metric>:<size>"`` of each metric."""
-        return (self.loss.name, *(f"{m.name}:{m.size}" for m in self.metrics))
-
-    def start_sums(self, position=None) -> np.ndarray:
-        """float64 ``(size,)``: an epoch's sums so far, the ``epoch_sums`` of a resumed mid-epoch
-        :class:`~hvdtrain.state.TrainPosition`, or zeros (None, or a position without sums).
-
-        Raises:
-            EveryRankError: for sums of another loss or other metrics (a checkpoint of a run with
-                other ``--loss`` or ``--metrics``).
-        """
-        sums = position.epoch_sums if position is not None else None
-        if not sums:
-            return np.zeros(self.size)
-        layout = position.sums_layout
-        if len(sums) != self.size or (layout is not None and tuple(layout) != self.layout):
-            raise EveryRankError(f"the checkpoint, mid-epoch, holds the sums of another loss or other metrics "
-                                 f"({', '.join(layout) if layout else f'{len(sums)} numbers'}, where this run has "
-                                 f"{', '.join(self.layout)}): resume with the --loss and --metrics of the run that "
-                                 f"wrote it")
-        return np.asarray(sums, np.float64)
-
-
-def prefixed(split: str, results: Dict[str, float]) -> Dict[str, float]:
-    """``{"<split>_loss": ..., "<split>_<metric>": ...}`` of :meth:`Objective.results` (without ``count``)."""
-    return {f"{split}_{name}": value for name, value in results.items() if name != "count"}

@@ -6,7 +6,7 @@ import sys
 from typing import Optional
 
 from hvdtrain.callbacks import Callback, logged_epochs
-from hvdtrain.errors import say
+from hvdtrain.console import say
 from hvdtrain.files import fsync_dir
 
 MODEL_FILE = "model.keras"

@@ -25,14 +25,15 @@ from hvdtrain import kerases
 from hvdtrain.callbacks import split_text
 from hvdtrain.chief import banner, chief_callbacks
 from hvdtrain.config import Config
-from hvdtrain.data.datasets import Dataset, data_mismatch
+from hvdtrain.data.in_memory import Dataset, data_mismatch
 from hvdtrain.data.loading import open_dataset
 from hvdtrain.data.sharding import ShardPlan
-from hvdtrain.errors import EveryRankError, HvdtrainError, say
+from hvdtrain.errors import EveryRankError, HvdtrainError
+from hvdtrain.console import say
 from hvdtrain.kerases import set_random_seed
 from hvdtrain.keras_callbacks import KerasCallbacks, is_keras_callback
 from hvdtrain.losses import get_loss
-from hvdtrain.metrics import Objective
+from hvdtrain.task import Objective
 from hvdtrain.model import sync_bn_kernels
 from hvdtrain.model.moving_statistics import sublayers
 from hvdtrain.model.sync_bn import SyncBatchNormalizationBase
@@ -43,7 +44,7 @@ from hvdtrain.precision import DynamicLossScale, set_precision
 from hvdtrain.rundir import checkpoint_dir, checkpoint_meta, open_run_dir, restore_for_resume, write_run_config
 from hvdtrain.runtime.dist import DistContext, init_distributed
 from hvdtrain.runtime.watchdog import Watchdog
-from hvdtrain.state import TrainPosition
+from hvdtrain.position import TrainPosition
 from hvdtrain.task import build_objective, check_objective, expected_outputs, model_label
 from hvdtrain.trainer import Trainer
 
@@ -55,7 +56,7 @@ class Parts:
     Attributes:
         model: a built-in model's name or a function ``(input_shape=, num_classes=)`` -> model
             (:func:`hvdtrain.model.zoo.build_model`); None: ``config.model.name``.
-        dataset: an in-memory :class:`~hvdtrain.data.datasets.Dataset`; None: ``config.data``.
+        dataset: an in-memory :class:`~hvdtrain.data.in_memory.Dataset`; None: ``config.data``.
         data_function: ``(function, what messages call it)``: a data function (or one made of
             ``tf.data`` datasets) for ``config.data`` of ``dataset: function``, used as it is.
         loss: a name, a Keras loss or a callable (:func:`hvdtrain.losses.get_loss`); None: ``config.task.loss``.
@@ -301,7 +302,7 @@ def agree_on_data(ctx: DistContext, fingerprint: dict) -> None:
 
     Args:
         ctx: this process's context.
-        fingerprint: this rank's :meth:`hvdtrain.data.datasets.Dataset.fingerprint`.
+        fingerprint: this rank's :meth:`hvdtrain.data.in_memory.Dataset.fingerprint`.
 
     Raises:
         FoundHere: on the lowest rank whose data differ from rank 0's, holding an HvdtrainError

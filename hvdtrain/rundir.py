@@ -14,9 +14,10 @@ from hvdtrain.callbacks import logged_epochs
 from hvdtrain.checkpoint import CheckpointManager, check_resumable, require_checkpoint_dir
 from hvdtrain.config import Config
 from hvdtrain.config_file import config_to_yaml
-from hvdtrain.errors import HvdtrainError, describe_differences, say
+from hvdtrain.errors import HvdtrainError, describe_differences
+from hvdtrain.console import say
 from hvdtrain.files import refuse_a_file_in_the_way, replace_file
-from hvdtrain.state import TrainPosition
+from hvdtrain.position import TrainPosition
 
 
 def default_run_dir() -> str:

@@ -19,7 +19,7 @@ from typing import Callable, List, Optional, Tuple
 import tensorflow as tf
 
 from hvdtrain.kerases import is_floating
-from hvdtrain.metrics import Objective
+from hvdtrain.task import Objective
 from hvdtrain.precision import DynamicLossScale
 
 

@@ -14,18 +14,19 @@ import tensorflow as tf
 
 from hvdtrain import callbacks as cbs
 from hvdtrain import kerases
-from hvdtrain.data.datasets import Dataset
+from hvdtrain.data.in_memory import Dataset
 from hvdtrain.data.sharding import ShardPlan, eval_shard
 from hvdtrain.data.stream import StreamingDataset
 from hvdtrain.errors import EveryRankError, HvdtrainError
 from hvdtrain.losses import sparse_categorical_crossentropy
-from hvdtrain.metrics import Accuracy, Objective, prefixed
+from hvdtrain.metrics import Accuracy
+from hvdtrain.task import Objective, prefixed
 from hvdtrain.optim import last_learning_rate
 from hvdtrain.model.moving_statistics import per_rank_moving_statistics
 from hvdtrain.precision import DynamicLossScale
 from hvdtrain.runtime.dist import DistContext, in_collective
 from hvdtrain.runtime.watchdog import Watchdog
-from hvdtrain.state import TrainPosition
+from hvdtrain.position import TrainPosition
 from hvdtrain.step import gathered, make_train_step, streamed, to_model_input
 
 
@@ -117,6 +118,11 @@ class Trainer:
         self._non_finite_at_start = int(self.count_non_finite())
 
     # ---- compiled steps --------------------------------------------------------------------------
+    def wait(self) -> None:
+        """Block until every training step issued so far has finished (steps run asynchronously:
+        this reads the epoch's sums, which the last step wrote)."""
+        self._sums.numpy()
+
     def _make_eval_step(self):
         """A compiled function: the objective's sums of one evaluation batch, given as ``(start,
         end)`` of the test shard in memory, or ``(images, labels)`` streamed."""

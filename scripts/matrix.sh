@@ -18,12 +18,16 @@ SMOKE=(
   tests/model/test_sync_bn.py::test_matches_global_batch_oracle
   tests/test_cli.py::test_resume_mid_epoch_is_exact
   tests/test_kerases.py
-  tests/data/test_stream.py
+  tests/data/test_tfrecord.py
+  tests/data/test_folder.py
+  tests/data/test_function.py
+  tests/tools/test_make_tfrecords.py
   tests/data/test_images.py
-  tests/test_streaming.py::test_image_folder_trains_exactly_as_in_memory
+  tests/data/test_stream.py::test_image_folder_trains_exactly_as_in_memory
   tests/test_losses.py
   tests/test_metrics.py
-  tests/test_objectives.py
+  tests/test_task.py
+  tests/test_config.py
 )
 status=0
 for stack in "${STACKS[@]}"; do

@@ -3,23 +3,23 @@ import json
 import os
 import subprocess
 
-os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")  # as in the ranks' environment (tests.ranks.rank_env)
+os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")  # as in the ranks' environment (tests.helpers.ranks.rank_env)
 
 import numpy as np
 import pytest
 
-from tests.ranks import command, rank_env, run_ranks
+from tests.helpers.ranks import command, rank_env, run_ranks
 
 
 @pytest.fixture(scope="session")
 def trained_mlp_run(tmp_path_factory):
-    """A run directory after one epoch of ``tests.models:mlp`` on the synthetic data at np=2 over
+    """A run directory after one epoch of ``tests.helpers.models:mlp`` on the synthetic data at np=2 over
     Gloo, local batch 64 (47 steps: ``checkpoints/ckpt-000047``, one line in ``metrics.jsonl``).
 
     Trained once per session and shared: copy it before writing to it.
     """
     run_dir = tmp_path_factory.mktemp("trained") / "run"
-    args = ["-m", "hvdtrain", "--dataset", "synthetic", "--model", "tests.models:mlp", "--epochs", "1",
+    args = ["-m", "hvdtrain", "--dataset", "synthetic", "--model", "tests.helpers.models:mlp", "--epochs", "1",
             "--batch-size", "64", "--no-progress", "--threads", "1", "--log-dir", str(run_dir)]
     subprocess.run(command(2, args), env=rank_env(), check=True, capture_output=True, timeout=300)
     return run_dir
@@ -30,7 +30,7 @@ def fashion_slice_job(tmp_path_factory):
     """hvdtrain flags for one epoch of the default model, single-threaded ranks so that every
     launcher and placement computes alike, on the first 12,000 training and 2,000 test images of
     Fashion-MNIST (real data, a fifth of the full epoch; the full default job runs in test_cli.py)."""
-    from hvdtrain.data.datasets import DEFAULT_DATA_DIR, load_idx_dir
+    from hvdtrain.data.in_memory import DEFAULT_DATA_DIR, load_idx_dir
 
     if not os.path.isdir(DEFAULT_DATA_DIR):
         pytest.skip("Debian's dataset-fashion-mnist is not installed")

@@ -8,7 +8,7 @@ from hvdtrain.api import as_dataset, resolve_config
 from hvdtrain.config import Config
 from hvdtrain.errors import HvdtrainError
 from tests.test_kerases import needs_keras3
-from tests.ranks import run_ranks
+from tests.helpers.ranks import run_ranks
 
 
 def logged(run_dir):

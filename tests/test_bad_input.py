@@ -19,10 +19,10 @@ from typing import List
 import numpy as np
 import pytest
 
-from tests.ranks import command, launch, rank_env
+from tests.helpers.ranks import command, launch, rank_env
 from tests.data.test_datasets import corrupt, make_idx_dir, save_npz, write_idx
 
-MLP = ["--model", "tests.models:mlp"]
+MLP = ["--model", "tests.helpers.models:mlp"]
 KERAS_3 = int(importlib.metadata.version("keras").split(".")[0]) >= 3
 SYNTHETIC = ["--dataset", "synthetic"]
 
@@ -66,7 +66,7 @@ def run_file(tmp, text):
     return [*SYNTHETIC, *MLP, "--config", str(tmp / "run.yaml")]
 
 
-def resume_from(tmp, trained_run, model="tests.models:mlp", truncate=False, step_in_epoch=None):
+def resume_from(tmp, trained_run, model="tests.helpers.models:mlp", truncate=False, step_in_epoch=None):
     run_dir = tmp / "resumed"
     shutil.copytree(trained_run, run_dir)
     if step_in_epoch is not None:  # as if written mid-epoch (--checkpoint-every)
@@ -84,8 +84,8 @@ def resume_from(tmp, trained_run, model="tests.models:mlp", truncate=False, step
 
 def image_folder(tmp, how):
     """A small PNG folder, with an empty class folder or without its test split."""
-    from hvdtrain.data.datasets import make_synthetic
-    from tests.image_files import write_image_folder
+    from hvdtrain.data.in_memory import make_synthetic
+    from hvdtrain.tools.make_image_folder import write_image_folder
 
     d = make_synthetic(num_train=24, num_test=6, image_shape=(6, 6, 1), num_classes=3, seed=1)
     root = write_image_folder(tmp / "images", d.x_train, d.y_train, d.x_test, d.y_test, fmt="png")
@@ -153,26 +153,26 @@ CASES = [
     ("a model whose outputs do not fit per-pixel labels",
      lambda t, r: npz(t, y_train=np.arange(12 * 36).reshape(12, 6, 6) % 4, y_test=np.arange(5 * 36).reshape(5, 6, 6) % 4)
      + ["--batch-size", "4"],
-     "--model 'tests.models:mlp': the model outputs shape (2, 4) for 2 images, expected (2, 6, 6, 4) logits of the 4 "
+     "--model 'tests.helpers.models:mlp': the model outputs shape (2, 4) for 2 images, expected (2, 6, 6, 4) logits of the 4 "
      "classes for labels of shape (6, 6) per image"),
     ("a metric that does not fit the labels", lambda t, r: [*SYNTHETIC, *MLP, "--loss", "mse", "--metrics", "mean_iou"],
      "--metrics mean_iou: needs class-index labels, but the loss mse takes targets"),
     ("unknown metric", lambda t, r: ["--metrics", "accuracy,f1"],
      "--metrics must be comma-separated names among ('accuracy', 'top5', 'mean_iou'), got 'accuracy,f1'"),
-    ("targets from a stream of classes", lambda t, r: ["--data", "tests.datafns:fashion", "--loss", "mse", *MLP],
+    ("targets from a stream of classes", lambda t, r: ["--data", "tests.helpers.datafns:fashion", "--loss", "mse", *MLP],
      "--loss mse takes targets as labels, but"),
     ("XLA with synchronized BatchNorm", lambda t, r: [*SYNTHETIC, "--xla"],
      "--xla compiles the forward and backward pass, which cannot hold the allreduce of synchronized BatchNorm"),
     ("model module missing", lambda t, r: [*SYNTHETIC, "--model", "no_such_module:fn"],
      "cannot import module 'no_such_module'"),
-    ("model module fails at import", lambda t, r: [*SYNTHETIC, "--model", "tests.broken_models:model"],
-     "cannot import module 'tests.broken_models' (RuntimeError: this module fails at import (test))"),
-    ("model function missing", lambda t, r: [*SYNTHETIC, "--model", "tests.models:no_such_fn"],
-     "module 'tests.models' has no function 'no_such_fn'"),
-    ("model function returns no model", lambda t, r: [*SYNTHETIC, "--model", "tests.models:not_a_model"],
+    ("model module fails at import", lambda t, r: [*SYNTHETIC, "--model", "tests.helpers.broken_models:model"],
+     "cannot import module 'tests.helpers.broken_models' (RuntimeError: this module fails at import (test))"),
+    ("model function missing", lambda t, r: [*SYNTHETIC, "--model", "tests.helpers.models:no_such_fn"],
+     "module 'tests.helpers.models' has no function 'no_such_fn'"),
+    ("model function returns no model", lambda t, r: [*SYNTHETIC, "--model", "tests.helpers.models:not_a_model"],
      "returned str, not a Keras model"),
-    ("model function calls sys.exit(0)", lambda t, r: [*SYNTHETIC, "--model", "tests.models:exits"],
-     "--model 'tests.models:exits': the function raised SystemExit: 0"),
+    ("model function calls sys.exit(0)", lambda t, r: [*SYNTHETIC, "--model", "tests.helpers.models:exits"],
+     "--model 'tests.helpers.models:exits': the function raised SystemExit: 0"),
     ("log directory under a file", lambda t, r: [*SYNTHETIC, *MLP, "--log-dir", blocked(t)],
      "a-file is a file, not a directory (--log-dir)"),
     ("log directory is a file", lambda t, r: [*SYNTHETIC, *MLP, "--log-dir", a_file(t)],
@@ -193,7 +193,7 @@ CASES = [
      lambda t, r: [*SYNTHETIC, *MLP, "--log-dir", str(t / "new-run"),
                    "--checkpoint-dir", str(shutil.copytree(r / "checkpoints", t / "other-run-checkpoints"))],
      "already holds ckpt-000047; pass --resume to continue that run, or choose another --log-dir/--checkpoint-dir"),
-    ("resume with a checkpoint of another model", lambda t, r: resume_from(t, r, model="tests.models:cnn_sync_bn"),
+    ("resume with a checkpoint of another model", lambda t, r: resume_from(t, r, model="tests.helpers.models:cnn_sync_bn"),
      "was written by another model"),
     ("resume inside an accumulated update",  # 47 steps per epoch here, so K = 47
      lambda t, r: [*resume_from(t, r, step_in_epoch=5), "--backward-passes-per-step", "47"],
@@ -233,11 +233,11 @@ CASES = [
      "records/train-00000: record 1 (1-based): Feature: image/class/label (data type: int64) is required"),
     ("TFRecord labels beyond --num-classes", lambda t, r: records(t, "") + ["--num-classes", "2"],
      "labels must be in [0, 2), found range [0, 2]: 2 at the training split"),
-    ("data function that raises", lambda t, r: ["--data", "tests.datafns:raises", *MLP],
+    ("data function that raises", lambda t, r: ["--data", "tests.helpers.datafns:raises", *MLP],
      "the function raised FileNotFoundError: gs://no-such-bucket/train-*"),
-    ("data function returning batches", lambda t, r: ["--data", "tests.datafns:batched", *MLP],
+    ("data function returning batches", lambda t, r: ["--data", "tests.helpers.datafns:batched", *MLP],
      "the dataset is batched (images (None, 4, 4, 1))"),
-    ("--data with --dataset", lambda t, r: ["--data", "tests.datafns:counted", "--dataset", "npz"],
+    ("--data with --dataset", lambda t, r: ["--data", "tests.helpers.datafns:counted", "--dataset", "npz"],
      "--data package.module:function is a dataset of its own: give it without --dataset"),
     ("--augment standard without --image-size", lambda t, r: ["--dataset", "folder", "--augment", "standard"],
      "--augment standard crops at random and resizes: it needs --image-size"),
@@ -248,10 +248,10 @@ CASES = [
 
 if KERAS_3:  # TensorFlow >= 2.16, where `import keras` is Keras 3 and tf.keras is tf_keras (Keras 2)
     CASES += [
-        ("a Keras 3 model with --keras 2", lambda t, r: [*SYNTHETIC, "--model", "tests.models:keras3_mlp", "--keras", "2"],
+        ("a Keras 3 model with --keras 2", lambda t, r: [*SYNTHETIC, "--model", "tests.helpers.models:keras3_mlp", "--keras", "2"],
          "--keras 2, but the model (keras.src.models.sequential.Sequential) is Keras 3: give --keras 3 or leave it out"),
         ("a Keras 3 model holding a Keras 2 layer",
-         lambda t, r: [*SYNTHETIC, "--model", "tests.models:keras3_with_a_keras2_layer"],
+         lambda t, r: [*SYNTHETIC, "--model", "tests.helpers.models:keras3_with_a_keras2_layer"],
          "the model's attribute 'head' (tf_keras.src.layers.core.dense.Dense) is Keras 2: build every object with one "
          "Keras"),
         ("Keras 3 on the JAX backend", lambda t, r: ["-m", "tests.workers.with_env", "KERAS_BACKEND=jax", *SYNTHETIC],

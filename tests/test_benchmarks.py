@@ -16,7 +16,7 @@ from typing import Dict, List
 
 import pytest
 
-from tests.ranks import REPO, run_ranks
+from tests.helpers.ranks import REPO, run_ranks
 from tests.test_kerases import needs_keras3
 
 BENCH = REPO / "benchmarks"

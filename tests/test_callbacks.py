@@ -8,8 +8,8 @@ import numpy as np
 
 from hvdtrain.callbacks import (Callback, ElasticCommit, EpochLine, JsonlMetrics, ProgressBar, TensorBoard, close_all,
                                 logged_epochs)
-from hvdtrain.state import TrainPosition
-from tests.logs import tensorboard_scalars
+from hvdtrain.position import TrainPosition
+from tests.helpers.logs import tensorboard_scalars
 
 
 class _Terminal(io.StringIO):

@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tests.logs import tensorboard_scalars
-from tests.oracle import assert_same_weights
-from tests.ranks import REPO, command, rank_env, run_ranks
+from tests.helpers.logs import tensorboard_scalars
+from tests.helpers.oracle import assert_same_weights
+from tests.helpers.ranks import REPO, command, rank_env, run_ranks
 
-FAST = ["--dataset", "synthetic", "--model", "tests.models:mlp", "--batch-size", "64", "--no-progress",
+FAST = ["--dataset", "synthetic", "--model", "tests.helpers.models:mlp", "--batch-size", "64", "--no-progress",
         "--threads", "1"]
 
 
@@ -249,7 +249,7 @@ def test_mpirun_gives_matching_result(tmp_path, fashion_slice_job, fashion_slice
 def test_diverging_loss_stops_every_rank_and_keeps_the_last_checkpoint(tmp_path):
     """The loss turns NaN at step 27 of epoch 3 (global step 121, 47 steps per epoch): every rank stops
     at step 30, the first exact global check after it; earlier checkpoints and metrics stay."""
-    common = [*FAST, "--model", "tests.models:diverges_after_120_steps", "--log-dir", str(tmp_path),
+    common = [*FAST, "--model", "tests.helpers.models:diverges_after_120_steps", "--log-dir", str(tmp_path),
               "--log-every", "5", "--epochs", "3"]
     result = hvdtrain(2, common, check=False)
     assert result.returncode != 0
@@ -272,7 +272,7 @@ def test_a_diverging_update_is_never_checkpointed(tmp_path, model, where, epochs
     """The last update before a checkpoint (every 10 steps, and at the end of each 47-step epoch)
     writes NaN weights from a finite loss, or finite weights give a NaN test loss: every rank stops
     before saving that state, and the checkpoints and metrics before it stay."""
-    result = hvdtrain(2, [*FAST, "--model", f"tests.models:{model}", "--log-dir", str(tmp_path), "--epochs", "3",
+    result = hvdtrain(2, [*FAST, "--model", f"tests.helpers.models:{model}", "--log-dir", str(tmp_path), "--epochs", "3",
                           "--checkpoint-every", "10"], check=False)
     output = result.stdout + result.stderr
     assert result.returncode != 0
@@ -284,7 +284,7 @@ def test_a_diverging_update_is_never_checkpointed(tmp_path, model, where, epochs
 
 def test_a_variable_that_starts_infinite_is_not_a_divergence(tmp_path):
     """A -inf mask value held in a variable from the start: checkpoints are written as usual."""
-    hvdtrain(1, [*FAST, "--model", "tests.models:mlp_with_an_infinite_variable", "--epochs", "1",
+    hvdtrain(1, [*FAST, "--model", "tests.helpers.models:mlp_with_an_infinite_variable", "--epochs", "1",
                  "--checkpoint-every", "20", "--log-dir", str(tmp_path)], launcher="single")
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["ckpt-000060", "ckpt-000080",
                                                                             "ckpt-000094"]

@@ -7,24 +7,17 @@ import sys
 import pytest
 import yaml
 
-from hvdtrain.cli import FLAG_SETTINGS, build_parser, parse_command_line
+from hvdtrain.cli import parse_command_line
 from hvdtrain.config import Config
-from hvdtrain.config_file import config_to_yaml, leaf_types
+from hvdtrain.config_file import config_to_yaml
 from hvdtrain.errors import HvdtrainError
-from tests.ranks import rank_env, run_ranks
+from tests.helpers.ranks import rank_env, run_ranks
 
 
 def write(tmp_path, text):
     path = tmp_path / "run.yaml"
     path.write_text(text)
     return str(path)
-
-
-def test_every_flag_sets_one_setting_and_every_setting_has_a_flag():
-    dests = {a.dest for a in build_parser()._actions} - {"help", "config", "print_config"}
-    assert dests == set(FLAG_SETTINGS)
-    keys = [key.lstrip("!") for key in FLAG_SETTINGS.values()]
-    assert sorted(keys) == sorted(leaf_types()), "a setting without a flag, or two flags for one setting"
 
 
 def test_print_config_shows_the_defaults_and_reads_back_to_them(tmp_path):
@@ -83,7 +76,7 @@ def test_a_missing_file_is_named(tmp_path):
 def test_a_run_records_its_settings_and_runs_again_from_them(tmp_path):
     """np=2 from a file plus a flag: <log-dir>/config.yaml holds the settings the run ran with,
     and it reads back to the same config."""
-    path = write(tmp_path, "epochs: 1\nbatch_size: 64\ndata: {dataset: synthetic}\nmodel: {name: 'tests.models:mlp'}\n"
+    path = write(tmp_path, "epochs: 1\nbatch_size: 64\ndata: {dataset: synthetic}\nmodel: {name: 'tests.helpers.models:mlp'}\n"
                            "optim: {lr_schedule: constant}\nlog: {progress: false}\nruntime: {threads: 1}\n")
     run_dir = tmp_path / "run"
     run_ranks(2, ["-m", "hvdtrain", "--config", path, "--seed", "3", "--log-dir", str(run_dir)], launcher="gloo")
@@ -94,28 +87,3 @@ def test_a_run_records_its_settings_and_runs_again_from_them(tmp_path):
     assert json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])["epoch"] == 1
 
 
-# Settings that conflict or are out of range, as flags: one error (argparse's for a bad choice).
-@pytest.mark.parametrize("flags, message", [
-    (["--optimizer", "rmsprop"], "argument --optimizer: invalid choice: 'rmsprop'"),
-    (["--optimizer", "adamw"], "--optimizer adamw needs --weight-decay > 0"),
-    (["--optimizer", "adam", "--nesterov"], "--nesterov applies to --optimizer sgd, not adam"),
-    (["--weight-decay", "-0.1"], "--weight-decay must be finite and >= 0, got -0.1"),
-    (["--clip-norm", "inf"], "--clip-norm must be finite and >= 0, got inf"),
-    (["--optimizer", "adam", "--weight-decay", "0.1"], "--optimizer adam with --weight-decay is AdamW"),
-    (["--optimizer", "adam", "--backward-passes-per-step", "2"],
-     "--optimizer adam cannot be combined with --backward-passes-per-step 2"),
-    (["--precision", "fp64"], "argument --precision: invalid choice: 'fp64'"),
-    (["--precision", "fp16", "--backward-passes-per-step", "2"],
-     "--precision fp16 cannot be combined with --backward-passes-per-step 2"),
-    (["--eval-batch-size", "-1"], "--eval-batch-size must be an integer >= 0, got -1"),
-])
-def test_bad_settings_are_one_error(flags, message, capsys):
-    with pytest.raises((HvdtrainError, SystemExit)) as e:
-        parse_command_line(flags)
-    assert message in (str(e.value) if isinstance(e.value, HvdtrainError) else capsys.readouterr().err)
-
-
-def test_evaluation_batches_are_the_local_batch_unless_set():
-    """An evaluation batch's activations are held at once: by default no more than a training step's."""
-    assert parse_command_line(["--batch-size", "32"])[0].eval_batch_size == 32
-    assert parse_command_line(["--batch-size", "32", "--eval-batch-size", "500"])[0].eval_batch_size == 500

@@ -19,9 +19,9 @@ import numpy as np
 import psutil
 import pytest
 
-from hvdtrain.data.datasets import make_synthetic
-from tests.image_files import write_image_folder
-from tests.ranks import BIN, HOROVODRUN, REPO, rank_env
+from hvdtrain.data.in_memory import make_synthetic
+from hvdtrain.tools.make_image_folder import write_image_folder
+from tests.helpers.ranks import BIN, HOROVODRUN, REPO, rank_env
 from tests.test_faults import rank_pid
 
 # The killed-chief job: epoch 1 at world size 2, rank 0 killed in epoch 2, a worker added back once an
@@ -100,7 +100,7 @@ def test_elastic_job_survives_a_killed_chief_and_uses_a_worker_added_back(tmp_pa
     log = tmp_path / "run" / "metrics.jsonl"
     job, hosts = _elastic_job(tmp_path, ["localhost", "127.0.0.1"], 2, 2,
                               ["--commit-every", "5", "--epochs", str(EPOCHS),
-                               "--model", "tests.models:seed_cnn_rank_checked_dropout"])
+                               "--model", "tests.helpers.models:seed_cnn_rank_checked_dropout"])
     try:
         chief = rank_pid(job, 0)
         _wait_for("the first epoch", lambda: len(_epochs(log)) >= 1, job)
@@ -152,7 +152,7 @@ def _resume_mid_epoch_at_another_world_size(tmp_path, data_args, num_train, np_b
     """Kill an elastic job of ``np_before`` workers after its first mid-epoch checkpoint, resume
     it on ``np_after``: the output says ``resumed``, and each epoch trains on every example once."""
     log_dir = tmp_path / "run"
-    args = [*data_args, "--model", "tests.models:cnn_sync_bn", "--epochs", "2"]
+    args = [*data_args, "--model", "tests.helpers.models:cnn_sync_bn", "--epochs", "2"]
     hosts = ["localhost", "127.0.0.1"]
 
     def mid_epoch_checkpoint():
@@ -235,7 +235,7 @@ def test_a_worker_added_during_the_last_epoch_does_not_restart_training(tmp_path
     2 s more for the driver to tell the worker: the announcement always comes before the end."""
     run_dir, discovered = tmp_path / "run", tmp_path / "discovered"
     job, hosts = _elastic_job(tmp_path, ["localhost"], 1, 2,
-                              ["--epochs", "1", "--commit-every", "100000", "--model", "tests.models:mlp_waits_at_step_100"],
+                              ["--epochs", "1", "--commit-every", "100000", "--model", "tests.helpers.models:mlp_waits_at_step_100"],
                               env={"HVDTRAIN_TEST_WAIT_MARKER": str(discovered)})
     try:
         # The run directory is opened after the first state sync, where an earlier host would join.
@@ -259,7 +259,7 @@ def test_a_worker_that_fails_while_joining_is_left_out(tmp_path):
     marker = tmp_path / "joiners-fail"
     log = tmp_path / "run" / "metrics.jsonl"
     job, hosts = _elastic_job(tmp_path, ["localhost"], 1, 2,
-                              ["--commit-every", "5", "--model", "tests.models:fails_where_marker_exists",
+                              ["--commit-every", "5", "--model", "tests.helpers.models:fails_where_marker_exists",
                                "--epochs", "6"], env={"HVDTRAIN_TEST_FAIL_MARKER": str(marker)})
     try:
         _wait_for("the first epoch", lambda: len(_epochs(log)) >= 1, job)
@@ -285,7 +285,7 @@ def test_a_worker_with_other_data_leaves_and_the_job_goes_on(tmp_path):
         np.savez(tmp_path / f"data_{host}.npz", x_train=x_train, y_train=labels, x_test=x_test, y_test=np.arange(64) % 4)
     log = tmp_path / "run" / "metrics.jsonl"
     job, hosts = _elastic_job(tmp_path, ["localhost"], 1, 2,
-                              ["--commit-every", "5", "--epochs", "30", "--model", "tests.models:mlp", "--dataset",
+                              ["--commit-every", "5", "--epochs", "30", "--model", "tests.helpers.models:mlp", "--dataset",
                                "npz", "--data-dir", str(tmp_path / "data_{host}.npz")],
                               module="tests.workers.per_rank_args")
     try:
@@ -306,7 +306,7 @@ def test_an_error_in_rank_0s_writes_stops_every_worker_once(tmp_path):
     of each new rank 0 meeting the same error after a reset."""
     run_dir = tmp_path / "run"
     job, _ = _elastic_job(tmp_path, ["localhost", "127.0.0.1"], 2, 2,
-                          ["--model", "tests.models:cnn_sync_bn", "--epochs", "20"])
+                          ["--model", "tests.helpers.models:cnn_sync_bn", "--epochs", "20"])
     try:
         _wait_for("the first checkpoint", lambda: any(run_dir.glob("checkpoints/ckpt-*/meta.json")), job)
         shutil.rmtree(run_dir / "checkpoints")

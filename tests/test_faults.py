@@ -7,9 +7,9 @@ import time
 
 import pytest
 
-from tests.ranks import command, rank_env, run_ranks
+from tests.helpers.ranks import command, rank_env, run_ranks
 
-ARGS = ["-m", "hvdtrain", "--dataset", "synthetic", "--model", "tests.models:mlp", "--epochs", "100000",
+ARGS = ["-m", "hvdtrain", "--dataset", "synthetic", "--model", "tests.helpers.models:mlp", "--epochs", "100000",
         "--batch-size", "32", "--no-progress", "--threads", "1", "--log-every", "5"]
 
 
@@ -86,7 +86,7 @@ def test_frozen_rank_aborts_the_job(tmp_path, launcher):
 
 def test_rank_stuck_outside_a_collective_is_named(tmp_path):
     """Rank 1 never finishes building its model (as if stuck reading data): rank 0 names it."""
-    args = ["-m", "hvdtrain", "--dataset", "synthetic", "--model", "tests.models:hangs_on_rank_1",
+    args = ["-m", "hvdtrain", "--dataset", "synthetic", "--model", "tests.helpers.models:hangs_on_rank_1",
             "--stall-timeout", "10", "--log-dir", str(tmp_path), "--threads", "1"]
     start = time.time()
     proc = subprocess.run(command(2, args, "gloo"), env=rank_env(), capture_output=True, text=True, timeout=120)
@@ -97,7 +97,7 @@ def test_rank_stuck_outside_a_collective_is_named(tmp_path):
 
 
 def test_error_on_one_rank_mid_training_is_printed_once(tmp_path):
-    args = ["-m", "hvdtrain", "--dataset", "synthetic", "--model", "tests.models:fails_on_rank_1_mid_training",
+    args = ["-m", "hvdtrain", "--dataset", "synthetic", "--model", "tests.helpers.models:fails_on_rank_1_mid_training",
             "--epochs", "3", "--batch-size", "32", "--no-progress", "--threads", "1", "--log-dir", str(tmp_path)]
     start = time.time()
     proc = subprocess.run(command(2, args, "gloo"), env=rank_env(), capture_output=True, text=True, timeout=120)
@@ -121,7 +121,7 @@ def test_killed_rank_ends_the_job_with_one_clear_message(tmp_path):
 
 
 def test_a_rank_lost_before_any_checkpoint_is_not_told_to_resume(tmp_path):
-    result = run_ranks(2, [*ARGS[:5], "tests.models:killed_on_rank_1_in_epoch_1", *ARGS[6:], "--log-dir",
+    result = run_ranks(2, [*ARGS[:5], "tests.helpers.models:killed_on_rank_1_in_epoch_1", *ARGS[6:], "--log-dir",
                            str(tmp_path)], check=False, timeout=120)
     out = result.stdout + result.stderr
     assert result.returncode != 0 and "rank 1 was lost mid-training" in out, out[-3000:]
@@ -143,7 +143,7 @@ def test_a_rank_wedged_while_pinning_ends_the_job(tmp_path):
     rank has started Horovod, end the job after --stall-timeout instead of leaving rank 0 waiting
     in the pinning collective for ever."""
     result = run_ranks(2, ["-m", "tests.workers.wedged_while_pinning", "--dataset", "synthetic", "--model",
-                           "tests.models:mlp", "--stall-timeout", "5", "--log-dir", str(tmp_path / "run")],
+                           "tests.helpers.models:mlp", "--stall-timeout", "5", "--log-dir", str(tmp_path / "run")],
                        timeout=120, check=False)
     assert result.returncode != 0
     assert "made no progress for" in result.stderr and "after pinning devices" in result.stderr, result.stderr[-3000:]

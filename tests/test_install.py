@@ -7,7 +7,7 @@ import sys
 import sysconfig
 from pathlib import Path
 
-from tests.ranks import REPO, rank_env
+from tests.helpers.ranks import REPO, rank_env
 
 IGNORED = shutil.ignore_patterns(".git", ".venv*", "runs", "build", "*.egg-info", "__pycache__", "_sync_bn_kernels*")
 

@@ -11,8 +11,8 @@ import shutil
 import numpy as np
 import pytest
 
-from tests.oracle import assert_same_weights
-from tests.ranks import REPO, rank_env, run_ranks
+from tests.helpers.oracle import assert_same_weights
+from tests.helpers.ranks import REPO, rank_env, run_ranks
 from tests.test_cli import hvdtrain, metrics
 from tests.test_kerases import KERAS_3
 from tests.test_trainer import train_steps, weights
@@ -20,7 +20,7 @@ from tests.tools.test_verify import cifar_like  # noqa: F401 -- a fixture
 
 pytestmark = pytest.mark.skipif(not KERAS_3, reason="needs Keras 3 (TensorFlow >= 2.16)")
 
-CONVERTED = ["tests.models:keras3_cnn_bn", "--convert-sync-bn"]  # Keras 3's BatchNormalization, converted
+CONVERTED = ["tests.helpers.models:keras3_cnn_bn", "--convert-sync-bn"]  # Keras 3's BatchNormalization, converted
 OPTIMIZERS = {
     "sgd": [],
     "adam": ["--optimizer", "adam", "--lr", "0.01"],
@@ -60,7 +60,7 @@ def test_ranks_start_from_rank_0s_weights_and_stay_alike(tmp_path):
     """Keras 3 variables broadcast from rank 0 (ranks initialised with different seeds), then
     identical after every step: Horovod's allreduce ran inside Keras 3's update (a wrapper that
     averaged nothing would leave them apart: the ranks see different examples)."""
-    r0 = _job(tmp_path, "ranks", 2, "16,16", 5, ["tests.models:keras3_mlp"], [])
+    r0 = _job(tmp_path, "ranks", 2, "16,16", 5, ["tests.helpers.models:keras3_mlp"], [])
     r1 = weights(str(tmp_path / "ranks"), 1)
     assert any(not np.array_equal(r0[k], r1[k]) for k in r0 if k.startswith("before_broadcast/"))
     for k in r0:
@@ -71,7 +71,7 @@ def test_ranks_start_from_rank_0s_weights_and_stay_alike(tmp_path):
 def test_fp16_overflow_on_one_rank_skips_the_step_on_every_rank(tmp_path):
     """Keras 3 twin of test_precision's: rank 1's batch at step 3 overflows float16; every rank
     skips that step, keeps its weights and moving statistics, and halves its loss scale once."""
-    out = train_steps(tmp_path, "ranks", 2, "tests.models:keras3_cnn_sync_bn", "16,16", "6", "--precision", "fp16",
+    out = train_steps(tmp_path, "ranks", 2, "tests.helpers.models:keras3_cnn_sync_bn", "16,16", "6", "--precision", "fp16",
                       "--overflow", "1:3")
     ranks = [weights(out, rank) for rank in (0, 1)]
     for w in ranks:
@@ -88,7 +88,7 @@ def test_bf16_step_matches_one_process_on_the_global_batch(tmp_path):
     """Keras 3 twin of test_precision's bf16 test, with its tolerance: twice the change of feeding
     one process its batch in reverse order, plus one bfloat16 rounding (2^-8) of the update (each
     rank's gradient is rounded once more before the float32 allreduce), plus float32's 1e-5."""
-    model, extra = ["tests.models:keras3_cnn_sync_bn"], ["--precision", "bf16"]
+    model, extra = ["tests.helpers.models:keras3_cnn_sync_bn"], ["--precision", "bf16"]
     ranks = _job(tmp_path, "ranks", 2, "5,27", 1, model, extra)
     oracle = _job(tmp_path, "oracle", 1, "32", 1, model, extra)
     reordered = _job(tmp_path, "reversed", 1, "32", 1, model, [*extra, "--reverse"])
@@ -110,7 +110,7 @@ def checkpoint_tensors(checkpoint_dir) -> dict:
     return {k: reader.get_tensor(k) for k in reader.get_variable_to_shape_map() if k != "_CHECKPOINTABLE_OBJECT_GRAPH"}
 
 
-FAST3 = ["--dataset", "synthetic", "--model", "tests.models:keras3_cnn_bn", "--convert-sync-bn", "--batch-size", "64",
+FAST3 = ["--dataset", "synthetic", "--model", "tests.helpers.models:keras3_cnn_bn", "--convert-sync-bn", "--batch-size", "64",
          "--no-progress", "--threads", "1"]
 
 
@@ -150,10 +150,10 @@ def test_the_trained_model_file_reloads_to_the_same_accuracy(tmp_path):
                  "--log-dir", str(tmp_path)])
     code = f"""
 import json, numpy as np, hvdtrain
-from hvdtrain.data.datasets import make_synthetic
+from hvdtrain.data.in_memory import make_synthetic
 from hvdtrain.config import DataConfig
 model = hvdtrain.load_model({str(tmp_path / "model.keras")!r})
-data = __import__("hvdtrain.data.datasets", fromlist=["x"]).load_dataset("synthetic", "", 0, "classes")
+data = __import__("hvdtrain.data.in_memory", fromlist=["x"]).load_dataset("synthetic", "", 0, "classes")
 logits = np.asarray(model(data.x_test.astype(np.float32) / 255.0, training=False))
 print(json.dumps({{"accuracy": float(np.mean(logits.argmax(1) == data.y_test)), "model": type(model).__module__,
                   "layers": sorted({{type(l).__module__ for l in model.layers if "Sync" in type(l).__name__}})}}))
@@ -173,7 +173,7 @@ def test_keras_3_mobilenet_v2_converted_trains_at_two_ranks(tmp_path, cifar_like
     """Keras 3's MobileNetV2 (alpha 0.35, 32x32x3, no weights), its 52 BatchNormalization layers
     converted, trains an epoch at np=2 from the command line (its loss falls); hvdtrain verify on
     it passes (tests/tools/test_verify.py)."""
-    out = hvdtrain(2, ["--model", "tests.models:keras3_mobilenet_v2", "--convert-sync-bn", *cifar_like, "--epochs", "2",
+    out = hvdtrain(2, ["--model", "tests.helpers.models:keras3_mobilenet_v2", "--convert-sync-bn", *cifar_like, "--epochs", "2",
                        "--batch-size", "32", "--optimizer", "adam", "--lr", "0.001", "--no-progress", "--threads", "1",
                        "--log-dir", str(tmp_path)], timeout=600)
     assert "Keras BatchNormalization layer(s)" not in out.stderr
@@ -185,8 +185,8 @@ def test_keras_3_mobilenet_v2_converted_trains_at_two_ranks(tmp_path, cifar_like
 def test_xla_matches_one_process_on_the_global_batch(tmp_path):
     """--xla with a Keras 3 model: the compiled forward and backward pass, the allreduce outside it,
     at np=2 (5 + 27) against one process at 32 without XLA, to 1e-5."""
-    ranks = _job(tmp_path, "ranks", 2, "5,27", 10, ["tests.models:keras3_mlp"], ["--xla"])
-    oracle = _job(tmp_path, "oracle", 1, "32", 10, ["tests.models:keras3_mlp"], [])
+    ranks = _job(tmp_path, "ranks", 2, "5,27", 10, ["tests.helpers.models:keras3_mlp"], ["--xla"])
+    oracle = _job(tmp_path, "oracle", 1, "32", 10, ["tests.helpers.models:keras3_mlp"], [])
     assert int(ranks["compiled_by_xla"]) == 1
     assert_same_weights(ranks, oracle)
 
@@ -194,8 +194,8 @@ def test_xla_matches_one_process_on_the_global_batch(tmp_path):
 def test_fp16_allreduce_changes_the_update_by_half_precision_rounding_only(tmp_path):
     """--fp16-allreduce with a Keras 3 model: the first update differs from the float32 one by
     float16 rounding of the gradients (relative 2^-11 per element: 1e-3 in norm), and not by nothing."""
-    fp16 = _job(tmp_path, "fp16", 2, "16,16", 1, ["tests.models:keras3_mlp"], ["--fp16-allreduce"])
-    fp32 = _job(tmp_path, "fp32", 2, "16,16", 1, ["tests.models:keras3_mlp"], [])
+    fp16 = _job(tmp_path, "fp16", 2, "16,16", 1, ["tests.helpers.models:keras3_mlp"], ["--fp16-allreduce"])
+    fp32 = _job(tmp_path, "fp32", 2, "16,16", 1, ["tests.helpers.models:keras3_mlp"], [])
     changed = False
     for key in (k for k in fp32 if k.startswith("final/")):
         initial = fp32["initial/" + key[len("final/"):]]

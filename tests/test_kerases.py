@@ -7,7 +7,7 @@ import pytest
 
 from hvdtrain import kerases
 from hvdtrain.errors import HvdtrainError
-from tests.ranks import REPO
+from tests.helpers.ranks import REPO
 
 KERAS_3 = kerases.keras3_installed()
 needs_keras3 = pytest.mark.skipif(not KERAS_3, reason="needs Keras 3 (TensorFlow >= 2.16)")
@@ -44,7 +44,7 @@ def test_two_kerases_in_one_process_are_one_clear_error():
     import keras
     import tensorflow as tf
 
-    from tests.models import keras3_mlp, keras3_with_a_keras2_layer
+    from tests.helpers.models import keras3_mlp, keras3_with_a_keras2_layer
 
     model = keras3_mlp((4, 4, 1), 3)
     with pytest.raises(HvdtrainError, match=r"the model \(keras\.src\.models\.sequential\.Sequential\) is Keras 3 but "

@@ -12,8 +12,8 @@ import time
 
 import pytest
 
-from tests.ranks import REPO, rank_env
-from tests.twohosts import IFACE, TwoHosts, namespaces_supported
+from tests.helpers.ranks import REPO, rank_env
+from tests.helpers.twohosts import IFACE, TwoHosts, namespaces_supported
 
 REASON = namespaces_supported()
 two_hosts = pytest.mark.skipif(bool(REASON), reason=REASON)
@@ -31,7 +31,7 @@ def test_local_script_trains_on_this_host(tmp_path, mode):
     """launch/local.sh [mode] [flags]: two ranks on this host train and log an epoch, with the
     flags in ARGS and those after the mode; without LD_LIBRARY_PATH set, mpirun is not asked to
     pass it on (it would warn)."""
-    env = rank_env({"VENV": VENV, "NP": "2", "ARGS": "--dataset synthetic --model tests.models:mlp --epochs 1"})
+    env = rank_env({"VENV": VENV, "NP": "2", "ARGS": "--dataset synthetic --model tests.helpers.models:mlp --epochs 1"})
     env.pop("LD_LIBRARY_PATH", None)
     result = subprocess.run(["bash", str(REPO / "launch" / "local.sh"), mode, "--threads", "1", "--no-progress",
                              "--log-dir", str(tmp_path / "run")], cwd=REPO, env=env,
@@ -106,7 +106,7 @@ def test_cut_link_ends_every_rank(hosts, tmp_path):
     hostfile.write_text("".join(f"{h} slots=1\n" for h in hosts.hosts))
     env = rank_env({"VENV": VENV, "HOSTFILE": str(hostfile), "IFACE": IFACE,
                     "SSH_ARGS": " ".join(hosts.ssh_options()),
-                    "ARGS": f"--dataset synthetic --model tests.models:mlp --epochs 100000 --threads 1 "
+                    "ARGS": f"--dataset synthetic --model tests.helpers.models:mlp --epochs 100000 --threads 1 "
                             f"--no-progress --stall-timeout 15 --log-dir {tmp_path / 'run'}"})
     log = tmp_path / "job.log"
     job = subprocess.Popen(hosts.exec_on(0, ["bash", str(REPO / "launch" / "mpirun_hostfile.sh")]), env=env,

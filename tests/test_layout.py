@@ -69,4 +69,44 @@ def test_the_layout_under_test_is_the_packages():
     """The walk above sees the packages the tests mirror (a renamed package would pass it empty)."""
     names = set(_modules())
     assert {"hvdtrain.runtime.dist", "hvdtrain.data.sharding", "hvdtrain.model.sync_bn", "hvdtrain.trainer",
-            "hvdtrain.recipe", "hvdtrain.elastic", "hvdtrain.state"} <= names
+            "hvdtrain.recipe", "hvdtrain.elastic", "hvdtrain.position"} <= names
+
+
+# Modules without a test module of their own name, and where they are tested instead.
+TESTED_ELSEWHERE = {
+    "hvdtrain.chief": "rank 0's banner and callbacks: every run; banner lines in test_elastic.py and tools/test_verify.py",
+    "hvdtrain.data.labels": "label checks: test_bad_input.py and data/test_in_memory.py, on every kind of data",
+    "hvdtrain.data.loading": "opening the configured dataset: every run; ranks with other data in test_bad_input.py",
+    "hvdtrain.ending": "every way a run ends, with real ranks: test_faults.py, test_cli.py, test_bad_input.py",
+    "hvdtrain.keras_callbacks": "a user's Keras callbacks at 2 ranks: test_users_keras.py, test_api.py",
+    "hvdtrain.model.moving_statistics": "per-rank moving statistics averaged: test_trainer.py, model/test_sync_bn_keras*.py",
+    "hvdtrain.model.sync_bn_kernels": "the kernels against TensorFlow's ops: model/test_sync_bn.py",
+    "hvdtrain.outputs": "model.keras reloaded, curves.png: test_users_keras.py, test_keras3.py, test_install.py",
+    "hvdtrain.recipe_steps": "the steps' numbering in test_recipe.py; the steps themselves run in every run",
+    "hvdtrain.rundir": "run directories and --resume: test_cli.py, test_checkpoint.py, test_bad_input.py",
+    "hvdtrain.runtime.devices": "a runtime started before pinning: runtime/test_dist.py, test_faults.py",
+    "hvdtrain.runtime.launcher": "the rank before hvd.init (who reports argument errors): test_bad_input.py, test_faults.py",
+    "hvdtrain.step": "the compiled step at N ranks against one process: test_trainer.py (workers/train_steps.py)",
+}
+
+
+def test_tests_mirror_the_package():
+    """Each module has ``tests/<its folder>/test_<its name>.py``, or a line above saying where it is tested."""
+    tests = pathlib.Path(__file__).resolve().parent
+    missing = []
+    for name, path in _modules().items():
+        if path.name in ("__init__.py", "__main__.py") or name in TESTED_ELSEWHERE:
+            continue
+        relative = path.relative_to(PACKAGE)
+        if not (tests / relative.parent / f"test_{relative.name}").exists():
+            missing.append(name)
+    assert not missing, f"modules without tests/<folder>/test_<name>.py or a reason in TESTED_ELSEWHERE: {missing}"
+    assert set(TESTED_ELSEWHERE) <= set(_modules()), "TESTED_ELSEWHERE names a module that is gone"
+
+
+def test_test_helpers_live_in_one_folder():
+    """tests/ holds test modules and conftest.py; shared helpers are in tests/helpers/, rank scripts in tests/workers/."""
+    tests = pathlib.Path(__file__).resolve().parent
+    loose = [p.name for p in tests.glob("*.py") if not p.name.startswith("test_") and p.name not in ("__init__.py",
+                                                                                                     "conftest.py")]
+    assert not loose, f"helper modules loose in tests/: {loose}"

@@ -6,7 +6,8 @@ import tensorflow as tf
 from hvdtrain.config import CLASSES, TARGETS
 from hvdtrain.errors import HvdtrainError
 from hvdtrain.losses import get_loss
-from hvdtrain.metrics import Accuracy, MeanIoU, MeanOf, Objective, TopKAccuracy, get_metric
+from hvdtrain.metrics import Accuracy, MeanIoU, MeanOf, TopKAccuracy, get_metric
+from hvdtrain.task import Objective
 
 RNG = np.random.default_rng(1)
 
@@ -82,7 +83,7 @@ def test_two_metrics_of_one_name_are_refused():
 
 def test_a_resumed_epochs_sums_must_be_of_the_same_loss_and_metrics():
     from hvdtrain.errors import EveryRankError
-    from hvdtrain.state import TrainPosition
+    from hvdtrain.position import TrainPosition
 
     objective = Objective(get_loss("sparse_categorical_crossentropy"), [TopKAccuracy(5)])
     assert objective.layout == ("sparse_categorical_crossentropy", "top5:2")

@@ -8,8 +8,8 @@ import tensorflow as tf
 
 from hvdtrain.config import OptimConfig
 from hvdtrain.optim import WarmupSchedule, rescale_schedule
-from tests.oracle import assert_same_weights
-from tests.ranks import run_ranks
+from tests.helpers.oracle import assert_same_weights
+from tests.helpers.ranks import run_ranks
 from tests.test_trainer import train_steps, weights
 
 
@@ -74,7 +74,7 @@ OPTIMIZER_CASES = {
 
 @pytest.fixture(scope="module")
 def plain_sgd(tmp_path_factory):
-    return weights(train_steps(tmp_path_factory.mktemp("sgd"), "sgd", 1, "tests.models:cnn_sync_bn", "32", 10,
+    return weights(train_steps(tmp_path_factory.mktemp("sgd"), "sgd", 1, "tests.helpers.models:cnn_sync_bn", "32", 10,
                                launcher="single"))
 
 
@@ -85,8 +85,8 @@ def test_every_optimizer_matches_one_process_on_the_global_batch(tmp_path, case,
     allreduce, as one process on the global batch does. Each option changes the result (its
     weights are far from plain SGD's), so the comparison is not of two no-ops."""
     extra = OPTIMIZER_CASES[case]
-    ranks = train_steps(tmp_path, "ranks", 2, "tests.models:cnn_sync_bn", "5,27", 10, *extra)
-    oracle = weights(train_steps(tmp_path, "oracle", 1, "tests.models:cnn_sync_bn", "32", 10, *extra,
+    ranks = train_steps(tmp_path, "ranks", 2, "tests.helpers.models:cnn_sync_bn", "5,27", 10, *extra)
+    oracle = weights(train_steps(tmp_path, "oracle", 1, "tests.helpers.models:cnn_sync_bn", "32", 10, *extra,
                                  launcher="single"))
     for rank in (0, 1):
         assert_same_weights(weights(ranks, rank), oracle)

@@ -7,11 +7,11 @@ import pytest
 import tensorflow as tf
 
 from hvdtrain.precision import DynamicLossScale
-from tests.oracle import assert_same_weights
-from tests.ranks import run_ranks
+from tests.helpers.oracle import assert_same_weights
+from tests.helpers.ranks import run_ranks
 from tests.test_trainer import train_steps, weights
 
-MODEL = "tests.models:cnn_sync_bn"
+MODEL = "tests.helpers.models:cnn_sync_bn"
 
 
 def test_bf16_step_matches_one_process_on_the_global_batch(tmp_path):
@@ -55,8 +55,8 @@ def test_xla_matches_one_process_on_the_global_batch(tmp_path):
     """--xla at np=2 (local batches 5 + 27, per-rank BatchNorm-free CNN... an MLP) against one process
     at 32 without XLA: the compiled forward and backward pass, the allreduce outside it. XLA fuses
     and reorders float32 arithmetic, hence 1e-5 rather than bit equality."""
-    ranks = train_steps(tmp_path, "ranks", 2, "tests.models:mlp", "5,27", 10, "--xla")
-    oracle = weights(train_steps(tmp_path, "oracle", 1, "tests.models:mlp", "32", 10, launcher="single"))
+    ranks = train_steps(tmp_path, "ranks", 2, "tests.helpers.models:mlp", "5,27", 10, "--xla")
+    oracle = weights(train_steps(tmp_path, "oracle", 1, "tests.helpers.models:mlp", "32", 10, launcher="single"))
     for rank in (0, 1):
         w = weights(ranks, rank)
         assert int(w["compiled_by_xla"]) == 1
@@ -82,7 +82,7 @@ def test_dynamic_loss_scale_halves_on_overflow_and_doubles_after_a_run_of_finite
 
 def train_mlp_on_fashion(run_dir, job, precision) -> dict:
     """3 epochs of an MLP at np=2 on a fifth of Fashion-MNIST; the last metrics.jsonl line."""
-    run_ranks(2, ["-m", "hvdtrain", *job, "--epochs", "3", "--model", "tests.models:mlp", "--precision", precision,
+    run_ranks(2, ["-m", "hvdtrain", *job, "--epochs", "3", "--model", "tests.helpers.models:mlp", "--precision", precision,
                   "--log-dir", str(run_dir)], timeout=600)
     with open(run_dir / "metrics.jsonl") as f:
         return [json.loads(line) for line in f][-1]

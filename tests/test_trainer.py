@@ -6,8 +6,8 @@ initial weights, same global batches), to ||w_ranks - w_oracle|| <= 1e-5 ||w_ora
 import numpy as np
 import pytest
 
-from tests.oracle import assert_same_weights
-from tests.ranks import run_ranks
+from tests.helpers.oracle import assert_same_weights
+from tests.helpers.ranks import run_ranks
 
 
 def weights(path_prefix, rank=0):
@@ -40,8 +40,8 @@ def shared_run(tmp_path_factory):
 def test_broadcast_and_oracle_without_batch_norm(tmp_path, shared_run):
     """2 ranks x 16 == 1 process x 32 for 10 SGD steps, for a model without batch norm; ranks
     started from different seeds hold rank 0's variables after start-up."""
-    ranks = shared_run(2, "tests.models:mlp", "16,16", 10)
-    oracle = train_steps(tmp_path, "oracle", 1, "tests.models:mlp", "32", 10, launcher="single")
+    ranks = shared_run(2, "tests.helpers.models:mlp", "16,16", 10)
+    oracle = train_steps(tmp_path, "oracle", 1, "tests.helpers.models:mlp", "32", 10, launcher="single")
     r0, r1 = weights(ranks, 0), weights(ranks, 1)
     # Broadcast: the ranks initialised differently (seed + rank), then hold identical variables.
     assert any(not np.array_equal(r0[k], r1[k]) for k in r0 if k.startswith("before_broadcast/"))
@@ -57,8 +57,8 @@ def test_sync_bn_cnn_matches_global_batch(sizes, shared_run):
     """20 SGD steps of a CNN with SyncBatchNormalization: 2 ranks == 1 process on the global batch
     of 32, also with uneven local batches (the loss is scaled to the global batch). Every rank
     ends with the oracle's weights and moving statistics."""
-    ranks = shared_run(2, "tests.models:cnn_sync_bn", sizes, 20)
-    oracle = weights(shared_run(1, "tests.models:cnn_sync_bn", "32", 20, launcher="single"))
+    ranks = shared_run(2, "tests.helpers.models:cnn_sync_bn", sizes, 20)
+    oracle = weights(shared_run(1, "tests.helpers.models:cnn_sync_bn", "32", 20, launcher="single"))
     for rank in (0, 1):
         assert_same_weights(weights(ranks, rank), oracle)
 
@@ -68,8 +68,8 @@ def test_global_metrics_equal_single_process(tmp_path, np_, num_test):
     """Evaluation split over ranks (uneven shards, partial batches) gives the one-process metrics."""
     run_ranks(np_, ["-m", "tests.workers.evaluate", str(tmp_path), str(num_test)], timeout=240)
     results = [np.load(tmp_path / f"rank{r}.npz") for r in range(np_)]
-    from hvdtrain.data.datasets import make_synthetic
-    from tests.models import mlp
+    from hvdtrain.data.in_memory import make_synthetic
+    from tests.helpers.models import mlp
 
     data = make_synthetic(num_train=64, num_test=num_test, image_shape=(8, 8, 1), seed=5)
     model = mlp(data.input_shape, data.num_classes)
@@ -86,8 +86,8 @@ def test_global_metrics_equal_single_process(tmp_path, np_, num_test):
 
 def test_gradient_accumulation_equals_larger_batch(tmp_path, shared_run):
     """--backward-passes-per-step 2 on local batches of 8 == one pass on local batches of 16."""
-    accumulated = train_steps(tmp_path, "acc", 2, "tests.models:mlp", "8,8", 20, "--backward-passes-per-step", "2")
-    plain = shared_run(2, "tests.models:mlp", "16,16", 10)
+    accumulated = train_steps(tmp_path, "acc", 2, "tests.helpers.models:mlp", "8,8", 20, "--backward-passes-per-step", "2")
+    plain = shared_run(2, "tests.helpers.models:mlp", "16,16", 10)
     assert_same_weights(weights(accumulated), weights(plain))
 
 
@@ -95,8 +95,8 @@ def test_fp16_allreduce_equals_fp32_to_half_precision(tmp_path, shared_run):
     """One step with gradients compressed to float16 for the allreduce: the update differs from the
     float32 one by float16 rounding only (relative 2^-11 per element, so 1e-3 in norm)."""
     # The first of 10 steps: the fp32 job is the one the oracle tests share (same data: 10 global batches).
-    fp16 = weights(train_steps(tmp_path, "fp16", 2, "tests.models:mlp", "16,16", 10, "--fp16-allreduce"))
-    fp32 = weights(shared_run(2, "tests.models:mlp", "16,16", 10))
+    fp16 = weights(train_steps(tmp_path, "fp16", 2, "tests.helpers.models:mlp", "16,16", 10, "--fp16-allreduce"))
+    fp32 = weights(shared_run(2, "tests.helpers.models:mlp", "16,16", 10))
     keys = [k for k in fp32 if k.startswith("step1/")]
     assert keys
     for k in keys:

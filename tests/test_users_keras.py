@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tests.ranks import run_ranks
+from tests.helpers.ranks import run_ranks
 from tests.test_kerases import needs_keras3
 
 SEEN_ALIKE = ("loss", "accuracy", "val_loss", "val_accuracy", "lr", "learning_rate")

@@ -31,7 +31,7 @@ from hvdtrain.data.sharding import ShardPlan, eval_shard
 from hvdtrain.data.stream import (ImageView, Split, StreamingDataset, local_sizes, rank_range, tf_message,
                                   untuned)
 from hvdtrain.errors import HvdtrainError
-from hvdtrain.imports import import_function, name_of
+from hvdtrain.user_code import import_function, name_of
 
 
 class FunctionSplit(Split):
@@ -143,7 +143,7 @@ def open_function(spec: Union[str, Callable], rank: int, world_size: int, seed: 
         spec: ``package.module:function`` (``--data``), or the function itself (``hvdtrain.fit(data=fn)``).
         rank, world_size, seed: passed on to the function.
         num_classes: the class count; 0 infers it from the training labels.
-        check_labels: :func:`hvdtrain.data.datasets.check_labels`.
+        check_labels: :func:`hvdtrain.data.in_memory.check_labels`.
         where: what messages call the data (default ``--data <spec>``).
 
     Raises:

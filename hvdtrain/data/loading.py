@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Callable, Optional, Tuple, Union
 
 from hvdtrain.config import CLASSES, DataConfig
-from hvdtrain.data.datasets import Dataset, load_dataset
+from hvdtrain.data.in_memory import Dataset, load_dataset
 from hvdtrain.data.labels import check_labels
 from hvdtrain.data.stream import StreamingDataset
 
@@ -27,7 +27,7 @@ def open_dataset(ctx, data: DataConfig, seed: int, watchdog, labels: Optional[st
         seed: the run's seed.
         watchdog: paused while the data is read (it can take long the first time).
         labels: in-memory datasets: their labels as the loss takes them, ``"classes"``,
-            ``"targets"`` or None (:func:`hvdtrain.data.datasets.validate`). Streamed datasets
+            ``"targets"`` or None (:func:`hvdtrain.data.in_memory.validate`). Streamed datasets
             hold class indices.
         function: with ``data.dataset == "function"``, the data function itself and what messages
             call it (``hvdtrain.fit(data=...)``), used instead of importing ``data.function``.

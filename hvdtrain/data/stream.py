@@ -194,7 +194,7 @@ class StreamingDataset:
         return getattr(self.train, "image_dtype", tf.uint8)
 
     def fingerprint(self) -> dict:
-        """What every rank must agree on (as :meth:`hvdtrain.data.datasets.Dataset.fingerprint`)."""
+        """What every rank must agree on (as :meth:`hvdtrain.data.in_memory.Dataset.fingerprint`)."""
         return {"train_examples": self.num_train, "test_examples": self.num_test,
                 "image_shape": list(self.input_shape), "dtype": self.image_dtype.name,
                 "num_classes": int(self.num_classes), **self._identity,

@@ -272,7 +272,7 @@ def open_tfrecords(data_dir: str, index: Dict[str, dict], image_key: str, label_
         shuffle_buffer: records in each rank's shuffle buffer.
         seed: the run's seed.
         check_labels: ``(name, train_labels, test_labels, num_classes) -> num_classes``
-            (:func:`hvdtrain.data.datasets.check_labels`), on the labels' histograms expanded.
+            (:func:`hvdtrain.data.in_memory.check_labels`), on the labels' histograms expanded.
 
     Raises:
         HvdtrainError: for files that differ from the index, an empty split, labels out of range.

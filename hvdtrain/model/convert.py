@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import functools
 from types import ModuleType
-from typing import Dict, List
+from typing import Dict
 
 import numpy as np
 

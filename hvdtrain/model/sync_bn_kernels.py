@@ -19,7 +19,7 @@ from typing import List, Sequence
 
 import tensorflow as tf
 
-from hvdtrain.errors import say
+from hvdtrain.console import say
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCE = os.path.join(_HERE, "csrc", "sync_bn_kernels.cc")

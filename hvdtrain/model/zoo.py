@@ -13,8 +13,9 @@ from typing import Callable, Optional, Tuple, Union
 import tensorflow as tf
 
 from hvdtrain import kerases
-from hvdtrain.errors import HvdtrainError, say
-from hvdtrain.imports import import_function, name_of
+from hvdtrain.errors import HvdtrainError
+from hvdtrain.console import say
+from hvdtrain.user_code import import_function, name_of
 from hvdtrain.model.convert import convert_sync_batchnorm, keras_batch_norm_layers
 from hvdtrain.model.moving_statistics import sublayers
 from hvdtrain.model.sync_bn import layer_class

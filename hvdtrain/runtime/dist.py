@@ -16,7 +16,8 @@ from typing import Callable, Optional, Sequence, TypeVar
 
 import numpy as np
 
-from hvdtrain.errors import EveryRankError, FoundHere, HvdtrainError, PeerFailure, say
+from hvdtrain.errors import EveryRankError, FoundHere, HvdtrainError, PeerFailure
+from hvdtrain.console import say
 from hvdtrain.runtime import placement
 from hvdtrain.runtime.determinism import make_deterministic
 from hvdtrain.runtime.devices import check_started_devices, runtime_started

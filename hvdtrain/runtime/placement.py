@@ -17,7 +17,8 @@ import socket
 import sys
 from typing import Callable, Sequence
 
-from hvdtrain.errors import HvdtrainError, say
+from hvdtrain.errors import HvdtrainError
+from hvdtrain.console import say
 
 
 def machine_id() -> str:

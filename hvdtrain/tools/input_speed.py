@@ -26,7 +26,8 @@ from typing import List, Optional
 import tensorflow as tf
 
 from hvdtrain.config import AUGMENTATIONS, DataConfig
-from hvdtrain.errors import FoundHere, HvdtrainError, say
+from hvdtrain.errors import FoundHere, HvdtrainError
+from hvdtrain.console import say
 
 
 def pin(threads: int) -> tuple:

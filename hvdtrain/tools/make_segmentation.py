@@ -18,8 +18,9 @@ import sys
 import numpy as np
 
 from hvdtrain.config import DEFAULT_DATA_DIR
-from hvdtrain.data.datasets import load_idx_dir
-from hvdtrain.errors import HvdtrainError, say
+from hvdtrain.data.in_memory import load_idx_dir
+from hvdtrain.errors import HvdtrainError
+from hvdtrain.console import say
 
 
 def label_maps(images: np.ndarray, classes: np.ndarray, threshold: int) -> np.ndarray:

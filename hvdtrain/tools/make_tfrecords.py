@@ -17,7 +17,8 @@ import sys
 
 import numpy as np
 
-from hvdtrain.errors import HvdtrainError, say
+from hvdtrain.errors import HvdtrainError
+from hvdtrain.console import say
 
 
 def _example(tf, encoded: bytes, label: int, text: str, filename: str):

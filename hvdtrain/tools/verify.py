@@ -35,7 +35,8 @@ from typing import List
 import numpy as np
 
 from hvdtrain.config import DATASETS, DEFAULT_DATA_DIR, LOSSES, STREAMING_DATASETS
-from hvdtrain.errors import HvdtrainError, say
+from hvdtrain.errors import HvdtrainError
+from hvdtrain.console import say
 
 TOLERANCE = 1e-3
 
@@ -71,7 +72,7 @@ def worker(a) -> None:
 
     from hvdtrain import kerases
     from hvdtrain.config import OptimConfig
-    from hvdtrain.data.datasets import load_dataset
+    from hvdtrain.data.in_memory import load_dataset
     from hvdtrain.kerases import set_random_seed
     from hvdtrain.data.sharding import ShardPlan
     from hvdtrain.losses import get_loss

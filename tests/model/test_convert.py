@@ -119,9 +119,9 @@ def test_several_axes():
 def test_the_command_line_converts_and_otherwise_warns_once(tmp_path):
     """At 2 ranks a --model with Keras BatchNormalization gets one warning naming the fix; with
     --convert-sync-bn none, and the model trains (synchronized) alike."""
-    from tests.ranks import run_ranks
+    from tests.helpers.ranks import run_ranks
 
-    args = ["-m", "hvdtrain", "--dataset", "synthetic", "--model", "tests.models:cnn_keras_bn", "--epochs", "1",
+    args = ["-m", "hvdtrain", "--dataset", "synthetic", "--model", "tests.helpers.models:cnn_keras_bn", "--epochs", "1",
             "--no-progress", "--threads", "1"]
     plain = run_ranks(2, [*args, "--log-dir", str(tmp_path / "plain")])
     assert plain.stderr.count("Keras BatchNormalization layer(s)") == 1 and "--convert-sync-bn" in plain.stderr

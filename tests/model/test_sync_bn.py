@@ -14,7 +14,7 @@ import tensorflow as tf
 
 from hvdtrain import SyncBatchNormalization
 from hvdtrain.model import sync_bn_kernels
-from tests.ranks import REPO, rank_env, run_ranks
+from tests.helpers.ranks import REPO, rank_env, run_ranks
 from tests.workers.sync_bn_cases import case_data, cases
 
 EPSILON, MOMENTUM = 1e-3, 0.9

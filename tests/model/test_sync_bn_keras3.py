@@ -178,7 +178,7 @@ def test_converting_keras_3_models(keras):
     layers become hvdtrain's Keras 3 layer, with the same inference outputs."""
     import hvdtrain
     from hvdtrain.model.convert import keras_batch_norm_layers
-    from tests.models import keras3_mobilenet_v2
+    from tests.helpers.models import keras3_mobilenet_v2
 
     model = keras3_mobilenet_v2((32, 32, 3), 10)
     converted = hvdtrain.convert_sync_batchnorm(model)

@@ -153,8 +153,8 @@ def test_set_dropout_rank_reaches_nested_models_and_only_seeded_dropout():
 ])
 def test_a_model_function_with_the_wrong_outputs_is_refused(function, message):
     """Checked by calling the model on two images: Keras knows no output shape for a subclassed model."""
-    with pytest.raises(HvdtrainError, match=rf"--model 'tests.models:{function}': {message}"):
-        build_model(f"tests.models:{function}", (28, 28, 1), 10)
+    with pytest.raises(HvdtrainError, match=rf"--model 'tests.helpers.models:{function}': {message}"):
+        build_model(f"tests.helpers.models:{function}", (28, 28, 1), 10)
 
 
 def test_the_output_shape_asked_for_is_checked_for_built_in_models_too():
@@ -173,7 +173,7 @@ def test_unet_gives_per_pixel_logits_and_refuses_sizes_it_cannot_pool():
 
 
 def test_a_subclassed_model_function_builds():
-    model = build_model("tests.models:subclassed", (28, 28, 1), 10)
+    model = build_model("tests.helpers.models:subclassed", (28, 28, 1), 10)
     assert model(tf.zeros((3, 28, 28, 1))).shape == (3, 10)
 
 
@@ -189,7 +189,7 @@ def test_no_sync_bn_is_refused_with_a_model_function():
 def test_keras_random_layers_in_a_model_function_are_named_once(function, rank, warned, capsys):
     """Keras' Dropout keeps its random state outside the model's variables, so a resumed run would
     draw other masks: rank 0 says so (also for a layer nested in a sub-model); the others stay quiet."""
-    build_model(f"tests.models:{function}", (8, 8, 1), 10, rank=rank)
+    build_model(f"tests.helpers.models:{function}", (8, 8, 1), 10, rank=rank)
     err = capsys.readouterr().err
-    assert ("hvdtrain: warning: --model 'tests.models:mlp_with_keras_dropout' has Keras random layers (Dropout)"
+    assert ("hvdtrain: warning: --model 'tests.helpers.models:mlp_with_keras_dropout' has Keras random layers (Dropout)"
             in err) is warned, err

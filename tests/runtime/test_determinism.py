@@ -8,10 +8,10 @@ import pytest
 import tensorflow as tf
 
 from hvdtrain.config import DEFAULT_DATA_DIR
-from hvdtrain.data.datasets import load_idx_dir
+from hvdtrain.data.in_memory import load_idx_dir
 from hvdtrain.runtime.launcher import launcher_world_size
-from tests.image_files import write_image_folder
-from tests.ranks import run_ranks
+from hvdtrain.tools.make_image_folder import write_image_folder
+from tests.helpers.ranks import run_ranks
 
 TIMING = ("images_per_sec", "epoch_time_s")
 

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from hvdtrain.runtime.placement import cpu_topology
-from tests.ranks import MPIRUN, REPO, rank_env, run_ranks
+from tests.helpers.ranks import MPIRUN, REPO, rank_env, run_ranks
 
 
 def _parse_placements(stdout: str) -> list:

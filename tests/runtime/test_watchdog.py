@@ -6,7 +6,7 @@ import sys
 import textwrap
 import time
 
-from tests.ranks import REPO
+from tests.helpers.ranks import REPO
 
 
 def _run_watchdog(body: str, timeout_s: float = 1) -> tuple:

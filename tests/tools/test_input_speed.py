@@ -8,8 +8,8 @@ import pytest
 
 from hvdtrain.tools import input_speed
 from hvdtrain.tools import make_tfrecords
-from tests.image_files import write_image_folder
-from tests.ranks import REPO, rank_env
+from hvdtrain.tools.make_image_folder import write_image_folder
+from tests.helpers.ranks import REPO, rank_env
 
 
 @pytest.fixture(scope="module")

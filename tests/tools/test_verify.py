@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from hvdtrain.config import DEFAULT_DATA_DIR
-from hvdtrain.data.datasets import load_dataset
-from tests.ranks import REPO, rank_env
+from hvdtrain.data.in_memory import load_dataset
+from tests.helpers.ranks import REPO, rank_env
 from tests.test_kerases import needs_keras3
 
 
@@ -19,16 +19,16 @@ def verify(model, *args, dataset=("--dataset", "synthetic")):
 
 
 def test_synchronized_batchnorm_trains_at_two_ranks_as_one_process():
-    result = verify("tests.models:cnn_sync_bn")
+    result = verify("tests.helpers.models:cnn_sync_bn")
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "5 steps of tests.models:cnn_sync_bn: world size 2 (local batch 8) against one process (batch 16)" \
+    assert "5 steps of tests.helpers.models:cnn_sync_bn: world size 2 (local batch 8) against one process (batch 16)" \
         in result.stdout
     assert "hvdtrain verify: equivalent" in result.stdout
     assert "after step 1:" in result.stdout and " 0 of " in result.stdout
 
 
 def test_keras_batchnorm_is_named_as_differing():
-    result = verify("tests.models:cnn_keras_bn")
+    result = verify("tests.helpers.models:cnn_keras_bn")
     assert result.returncode == 1, result.stdout + result.stderr
     assert "the model trains differently at 2 ranks" in result.stdout
     assert "Keras BatchNormalization layer(s), which normalize each rank's batch alone" in result.stdout
@@ -52,7 +52,7 @@ def test_mobilenet_v2_passes_converted_and_fails_as_it_is(cifar_like, convert, m
     """After 2 steps the converted model is within its rounding noise, though MobileNetV2's training
     amplifies that noise (after 10 steps the reversed order alone moves it as much as its update);
     as it is, its 52 Keras BatchNormalization layers are named. Keras 2's and Keras 3's model alike."""
-    result = verify(f"tests.models:{model}", "--steps", "2", *(["--convert-sync-bn"] if convert else []),
+    result = verify(f"tests.helpers.models:{model}", "--steps", "2", *(["--convert-sync-bn"] if convert else []),
                     dataset=cifar_like)
     assert result.returncode == (0 if convert else 1), result.stdout + result.stderr
     if convert:
@@ -64,6 +64,6 @@ def test_mobilenet_v2_passes_converted_and_fails_as_it_is(cifar_like, convert, m
 def test_dropout_is_not_taken_for_rounding_noise():
     """Reversing a batch moves each example to another dropout mask: that "noise" is as large as the
     update, and may not excuse the 2-rank run's difference."""
-    result = verify("tests.models:mlp_with_keras_dropout", "--steps", "2")
+    result = verify("tests.helpers.models:mlp_with_keras_dropout", "--steps", "2")
     assert result.returncode == 1, result.stdout + result.stderr
     assert "it is random per example (Dropout? random augmentation?)" in result.stdout

@@ -13,14 +13,14 @@ from hvdtrain.runtime.dist import init_distributed
 def main(out_dir: str, num_test: int) -> None:
     ctx = init_distributed(threads=1)
     import tensorflow as tf
-    from hvdtrain.data.datasets import make_synthetic
+    from hvdtrain.data.in_memory import make_synthetic
     from hvdtrain.model.zoo import build_model
     from hvdtrain.data.sharding import ShardPlan
     from hvdtrain.trainer import Trainer
 
     dataset = make_synthetic(num_train=64, num_test=num_test, image_shape=(8, 8, 1), seed=5)
     tf.keras.utils.set_random_seed(11)  # same weights on every rank: no broadcast needed here
-    model = build_model("tests.models:mlp", dataset.input_shape, dataset.num_classes)
+    model = build_model("tests.helpers.models:mlp", dataset.input_shape, dataset.num_classes)
     trainer = Trainer(ctx, model, optimizer=None, dataset=dataset,
                       plan=ShardPlan(64, 8, ctx.size, ctx.rank), eval_batch_size=7)
     metrics = trainer.evaluate()

@@ -12,20 +12,20 @@ import sys
 
 import numpy as np
 
-from hvdtrain.data.datasets import make_synthetic, validate
+from hvdtrain.data.in_memory import make_synthetic, validate
 from hvdtrain.data.sharding import ShardPlan
 from hvdtrain.runtime.dist import init_distributed
 
 # case -> (loss, label smoothing, metrics, labels, model, learning rate). The U-Net's rate is
 # lower: at 0.05 its loss jumps, and such steps amplify float32 rounding past 1e-5 within 10 steps.
 CASES = {
-    "smoothing": ("sparse_categorical_crossentropy", 0.2, ("accuracy", "top5"), "classes", "tests.models:cnn_sync_bn",
+    "smoothing": ("sparse_categorical_crossentropy", 0.2, ("accuracy", "top5"), "classes", "tests.helpers.models:cnn_sync_bn",
                   0.05),
-    "multilabel": ("binary_crossentropy", 0.0, ("accuracy",), "multilabel", "tests.models:cnn_sync_bn", 0.05),
-    "regression": ("mse", 0.0, (), "regression", "tests.models:cnn_sync_bn", 0.05),
+    "multilabel": ("binary_crossentropy", 0.0, ("accuracy",), "multilabel", "tests.helpers.models:cnn_sync_bn", 0.05),
+    "regression": ("mse", 0.0, (), "regression", "tests.helpers.models:cnn_sync_bn", 0.05),
     "segmentation": ("sparse_categorical_crossentropy", 0.0, ("accuracy", "mean_iou"), "dense", "unet", 0.01),
     # A user's own optimizer on a Keras schedule object, used as it is (horovod#1573).
-    "users_optimizer": ("sparse_categorical_crossentropy", 0.0, ("accuracy",), "classes", "tests.models:cnn_sync_bn",
+    "users_optimizer": ("sparse_categorical_crossentropy", 0.0, ("accuracy",), "classes", "tests.helpers.models:cnn_sync_bn",
                         "adam on CosineDecay(0.01, 10)"),
 }
 

@@ -19,7 +19,7 @@ import argparse
 import numpy as np
 
 from hvdtrain.config import OptimConfig
-from hvdtrain.data.datasets import make_synthetic
+from hvdtrain.data.in_memory import make_synthetic
 from hvdtrain.runtime.dist import init_distributed
 from hvdtrain.data.sharding import ShardPlan
 

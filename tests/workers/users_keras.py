@@ -16,7 +16,7 @@ tf.constant(1.0) + 1.0  # TensorFlow's runtime starts here, before hvdtrain can 
 
 import hvdtrain  # noqa: E402
 from hvdtrain.config import DEFAULT_DATA_DIR  # noqa: E402
-from hvdtrain.data.datasets import load_dataset  # noqa: E402
+from hvdtrain.data.in_memory import load_dataset  # noqa: E402
 
 out, mode = sys.argv[1], sys.argv[2]
 if sys.argv[3:] == ["3"]:  # a Keras 3 user: `import keras`, Keras 3's layers, optimizer and callbacks

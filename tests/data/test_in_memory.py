@@ -5,7 +5,8 @@ import os
 import numpy as np
 import pytest
 
-from hvdtrain.data.datasets import DEFAULT_DATA_DIR, load_dataset, load_idx_dir, load_npz, make_synthetic
+from hvdtrain.config import DEFAULT_DATA_DIR
+from hvdtrain.data.in_memory import load_dataset, load_idx_dir, load_npz, make_synthetic
 from hvdtrain.errors import HvdtrainError
 
 

@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from hvdtrain.state import TrainPosition
+from hvdtrain.position import TrainPosition
 
 
 def test_position_round_trips_through_checkpoint_meta():

@@ -3,8 +3,8 @@ global batch (weights to 1e-5), and the metrics' global sums are those of one pr
 import numpy as np
 import pytest
 
-from tests.oracle import assert_same_weights
-from tests.ranks import run_ranks
+from tests.helpers.oracle import assert_same_weights
+from tests.helpers.ranks import run_ranks
 from tests.workers.objectives import CASES
 
 STEPS = 10

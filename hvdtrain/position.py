@@ -16,9 +16,9 @@ class TrainPosition:
         example: examples of the next epoch's permutation trained (int in ``[0, num_examples]``);
             an elastic job, whose world size changes, resumes at this example.
         epoch_sums: the global float sums of those examples' loss and metrics
-            (:class:`hvdtrain.metrics.Objective`), or None at an epoch's start, so that a resumed
+            (:class:`hvdtrain.task.Objective`), or None at an epoch's start, so that a resumed
             epoch's metrics stay exact.
-        sums_layout: what each of ``epoch_sums`` is (:attr:`hvdtrain.metrics.Objective.layout`),
+        sums_layout: what each of ``epoch_sums`` is (:attr:`hvdtrain.task.Objective.layout`),
             or None where unknown (positions from before it was recorded).
     """
 

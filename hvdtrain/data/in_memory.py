@@ -15,7 +15,7 @@ from typing import Optional, Tuple
 
 import numpy as np
 
-from hvdtrain.config import CLASSES, DEFAULT_DATA_DIR, TARGETS
+from hvdtrain.config import CLASSES, TARGETS
 from hvdtrain.data.labels import check_finite, check_labels, not_integer_labels
 from hvdtrain.errors import HvdtrainError, describe_differences
 

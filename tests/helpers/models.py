@@ -1,4 +1,4 @@
-"""Models for tests, importable by ranks as ``--model tests.models:<function>``."""
+"""Models for tests, importable by ranks as ``--model tests.helpers.models:<function>``."""
 import os
 import sys
 import time

@@ -1,6 +1,6 @@
 """Start real ranks for tests: ``horovodrun --gloo``, ``horovodrun --mpi``, ``mpirun``, or one plain process.
 
-``horovodrun`` here (``--gloo`` and ``--mpi``) is :mod:`tests.horovodrun`: Horovod's launcher with its
+``horovodrun`` here (``--gloo`` and ``--mpi``) is :mod:`tests.helpers.horovodrun`: Horovod's launcher with its
 build check (4 s of CPU per launch) answered once per session.
 """
 from __future__ import annotations
@@ -13,13 +13,13 @@ import sys
 from pathlib import Path
 from typing import List, Optional
 
-from tests.horovodrun import ENV as HOROVOD_BUILT
+from tests.helpers.horovodrun import ENV as HOROVOD_BUILT
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 LAUNCHERS = ("gloo", "horovodrun-mpi", "mpirun", "single")
 
-HOROVODRUN = [sys.executable, "-m", "tests.horovodrun"]
+HOROVODRUN = [sys.executable, "-m", "tests.helpers.horovodrun"]
 MPIRUN = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none",
           # Containers often forbid the cross-memory-attach that OpenMPI's shared-memory BTL tries first.
           "--mca", "btl_vader_single_copy_mechanism", "none"]
@@ -27,7 +27,7 @@ MPIRUN = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none
 
 @functools.lru_cache(maxsize=None)
 def _horovod_built() -> str:
-    """Horovod's own answer, asked once: built with Gloo, with MPI (see :mod:`tests.horovodrun`).
+    """Horovod's own answer, asked once: built with Gloo, with MPI (see :mod:`tests.helpers.horovodrun`).
 
     Asked in a fresh interpreter: Horovod forks for the check, and this process runs TensorFlow.
     """

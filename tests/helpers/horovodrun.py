@@ -2,14 +2,14 @@
 
 On every launch, ``horovodrun`` asks whether Horovod was built with Gloo (or MPI) by importing
 ``horovod.tensorflow`` -- all of TensorFlow -- in a fresh process: about 4 s of CPU on a 2-core
-machine, before any rank starts. The suite starts over a hundred jobs. :func:`tests.ranks.rank_env`
+machine, before any rank starts. The suite starts over a hundred jobs. :func:`tests.helpers.ranks.rank_env`
 runs Horovod's real check once per session, in a fresh interpreter, and passes its answers in
 ``HVDTRAIN_TEST_HOROVOD_BUILT``; this entry point hands them to the launcher and then runs it
 unchanged (``horovod.runner.launch.run_commandline``, all that the ``horovodrun`` script runs).
 Without the variable it is plain ``horovodrun``. The tests of ``launch/`` (``tests/test_launch.py``,
 the elastic launch script) and of ``benchmarks/`` run the real ``horovodrun`` binary.
 
-    python -m tests.horovodrun -np 2 -H localhost:2 --gloo python -m hvdtrain ...
+    python -m tests.helpers.horovodrun -np 2 -H localhost:2 --gloo python -m hvdtrain ...
 """
 import os
 import sys

@@ -1,4 +1,4 @@
-"""Data functions for tests, importable by ranks as ``--data tests.datafns:<function>``
+"""Data functions for tests, importable by ranks as ``--data tests.helpers.datafns:<function>``
 (:mod:`hvdtrain.data.function` describes the contract)."""
 import os
 
@@ -9,7 +9,8 @@ SLICE = int(os.environ.get("HVDTRAIN_TEST_SLICE", "6000"))  # training examples 
 
 
 def _fashion_arrays(split):
-    from hvdtrain.data.datasets import DEFAULT_DATA_DIR, load_idx_dir
+    from hvdtrain.config import DEFAULT_DATA_DIR
+    from hvdtrain.data.in_memory import load_idx_dir
 
     d = load_idx_dir(DEFAULT_DATA_DIR)
     return (d.x_train[:SLICE], d.y_train[:SLICE]) if split == "train" else (d.x_test[:1000], d.y_test[:1000])

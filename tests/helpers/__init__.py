@@ -1,0 +1,1 @@
+"""Helpers the tests share: launching ranks, oracles, models, data functions, log checks."""
