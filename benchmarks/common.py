@@ -438,7 +438,7 @@ def hvdtrain_stepper(ctx, model, dataset, batch_size: int, optimizer=None):
     from hvdtrain.config import OptimConfig
     from hvdtrain.optim import build_optimizer
     from hvdtrain.data.sharding import ShardPlan
-    from hvdtrain.recipe_steps import broadcast_state
+    from hvdtrain import broadcast_state
     from hvdtrain.trainer import Trainer
 
     plan = ShardPlan(len(dataset.y_train), batch_size, ctx.size, ctx.rank)

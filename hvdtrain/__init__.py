@@ -19,7 +19,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
 __version__ = "0.1.0"
 
 __all__ = ["fit", "FitResult", "Config", "Callback", "SyncBatchNormalization", "convert_sync_batchnorm", "load_model",
-           "Trainer", "ShardPlan", "init_distributed", "HvdtrainError", "__version__"]
+           "Trainer", "ShardPlan", "init_distributed", "broadcast_state", "HvdtrainError", "__version__"]
 
 from hvdtrain.errors import HvdtrainError  # noqa: E402
 
@@ -29,7 +29,7 @@ _LAZY = {"fit": "hvdtrain.api", "FitResult": "hvdtrain.api", "Config": "hvdtrain
          "convert_sync_batchnorm": "hvdtrain.model.convert", "load_model": "hvdtrain.outputs",
          # Your own loop: the distributed context, each rank's shard of each global batch, the trainer.
          "init_distributed": "hvdtrain.runtime.dist", "ShardPlan": "hvdtrain.data.sharding",
-         "Trainer": "hvdtrain.trainer"}
+         "broadcast_state": "hvdtrain.recipe_steps", "Trainer": "hvdtrain.trainer"}
 
 
 def __getattr__(name):

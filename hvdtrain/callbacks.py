@@ -59,7 +59,8 @@ class Callback:
 
 class History(Callback):
     """Every rank keeps each trained epoch's metrics (global, so alike on every rank), in order:
-    ``history[i]`` is epoch ``epochs[i]``'s dict (``train_loss``, ``test_<metric>``, ``lr``...)."""
+    ``history[i]`` is epoch ``epochs[i]``'s dict (``train_loss``, ``test_<metric>``, ``lr``...).
+    An epoch trained again (an elastic job rolled back to before its end) replaces its entry."""
 
     chief_only = False
 
@@ -68,6 +69,8 @@ class History(Callback):
         self.history: List[dict] = []
 
     def on_epoch_end(self, epoch, metrics):
+        if epoch in self.epochs:
+            del self.history[self.epochs.index(epoch):], self.epochs[self.epochs.index(epoch):]
         self.epochs.append(epoch)
         self.history.append(dict(metrics))
 

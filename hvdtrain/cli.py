@@ -9,7 +9,7 @@ import argparse
 import sys
 from typing import List, Optional, Tuple
 
-from hvdtrain.config import Config, ConfigError, declared_settings
+from hvdtrain.config import SECTION_TITLES, Config, ConfigError, declared_settings
 from hvdtrain.config_file import config_from_flat, config_to_yaml, read_config_file
 from hvdtrain.ending import EXIT_ERROR, leave, quiet_exit
 from hvdtrain.errors import HvdtrainError, RunEnded
@@ -38,12 +38,6 @@ class _DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         return action.help if action.default is None else super()._get_help_string(action)
 
 
-# The argparse group of each config section (the settings of Config itself are "training").
-GROUP_TITLES = {"": "training", "optim": "optimizer", "compute": "compute", "data": "data", "model": "model",
-                "task": "loss and metrics", "log": "output", "checkpoint": "checkpoints", "runtime": "runtime",
-                "elastic": "elastic training (horovodrun --min-np N --max-np M --host-discovery-script S)"}
-
-
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser, made from the config's declared settings (:func:`hvdtrain.config.setting`);
     ``--help`` documents every flag with its default and unit."""
@@ -62,9 +56,10 @@ def build_parser() -> argparse.ArgumentParser:
     for key, field, _ in declared_settings():
         section = key.rpartition(".")[0]
         if section not in groups:
-            groups[section] = p.add_argument_group(GROUP_TITLES[section])
+            groups[section] = p.add_argument_group(SECTION_TITLES[section])
         meta, dest = field.metadata, flag_dest(field.metadata["flag"])
-        help_text = meta["help"].replace("%", "%%")  # argparse formats help with %
+        requires = meta["requires"] if not meta["choices"] and not meta["switch"] else None
+        help_text = (meta["help"] + (f"; {requires.text}" if requires else "")).replace("%", "%%")  # argparse's %
         if meta["switch"]:
             groups[section].add_argument(meta["flag"], dest=dest, action="store_true", help=help_text)
         else:

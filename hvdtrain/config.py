@@ -28,6 +28,12 @@ KERAS_VERSIONS = (0, 2, 3)  # --keras: 0 picks the Keras TensorFlow gives by def
 CLASSES, TARGETS = "classes", "targets"  # what a loss takes as labels: class indices, or values
 
 
+# Each section's title in --help and docs/flags.md (the settings of Config itself are "training").
+SECTION_TITLES = {"": "training", "data": "data", "model": "model", "task": "loss and metrics", "optim": "optimizer",
+                  "compute": "compute", "checkpoint": "checkpoints", "log": "output", "runtime": "runtime",
+                  "elastic": "elastic training (horovodrun --min-np N --max-np M --host-discovery-script S)"}
+
+
 class ConfigError(HvdtrainError):
     """A setting out of its range: ``"<flag> must be <requirement>, got <value>"``.
 
@@ -91,13 +97,13 @@ def setting(default, flag: str, help: str, *, requires: Optional[Requirement] = 
         default: the value without the flag.
         flag: the command-line flag, ``--name``.
         help: what it does, with its unit; ``(default: X)`` is appended where the default is not None.
-        requires: its range (:func:`integer`, :func:`number`); ``choices`` imply one.
+        requires: its range (:func:`integer`, :func:`number`); ``choices`` imply one, unless given.
         choices: the values allowed.
         switch: a bool set by the flag alone: ``"on"`` (the flag sets True) or ``"off"`` (the flag,
             ``--no-...``, sets False).
         metavar: the flag's argument as ``--help`` shows it.
     """
-    if choices is not None:
+    if choices is not None and requires is None:
         requires = one_of(choices)
     if switch is not None:
         requires = BOOLEAN
@@ -162,10 +168,10 @@ class DataConfig:
         return self.dataset in STREAMING_DATASETS
 
     def __post_init__(self):
+        check_settings(self)
         if (self.dataset == "function") != bool(self.function):
             raise HvdtrainError("--data package.module:function is a dataset of its own: give it without --dataset"
                                 if self.function else "--dataset function needs --data package.module:function")
-        check_settings(self)
         if self.dataset not in ("tfrecord", "folder") and (self.image_size or self.augment != "none"):
             raise HvdtrainError(f"--image-size and --augment apply to --dataset tfrecord and folder (decoded by "
                                 f"hvdtrain), not {self.dataset}")
@@ -193,12 +199,14 @@ class ModelConfig:
                                     "configuration and weights)", switch="on")
     keras: int = setting(0, "--keras", "the Keras the built-in models are built with: 2 or 3 (0: TensorFlow's, 3 on "
                          "TensorFlow >= 2.16, 2 on 2.15); a --model function's model brings its own",
-                         choices=KERAS_VERSIONS)
+                         choices=KERAS_VERSIONS, requires=Requirement(
+                             "2 or 3 (0: TensorFlow's default)",
+                             lambda v: v in KERAS_VERSIONS and not isinstance(v, bool)))
 
     def __post_init__(self):
         check_settings(self)
         if self.convert_sync_bn and not self.sync_bn:
-            raise HvdtrainError("--convert-sync-bn cannot be combined with --no-sync-bn")
+            raise ConfigError("--convert-sync-bn", "true or false, and not with --no-sync-bn", self.convert_sync_bn)
         if not self.sync_bn and ":" in self.name:
             raise HvdtrainError(f"--no-sync-bn applies to the built-in models only; the function of --model "
                                 f"{self.name!r} chooses its own layers (Keras' BatchNormalization normalizes each "

@@ -42,7 +42,7 @@ from hvdtrain.model.zoo import set_dropout_rank
 from hvdtrain.optim import rescale_schedule
 from hvdtrain.precision import DynamicLossScale
 from hvdtrain.recipe_steps import (Parts, RankData, RunFiles, broadcast_state, make_trainer, rank_callbacks,
-                                   save_result)
+                                   save_result, state_variables)
 from hvdtrain.rundir import (checkpoint_dir, checkpoint_meta, default_run_dir, open_run_dir, restore_for_resume,
                              write_run_config)
 from hvdtrain.runtime import dist
@@ -70,7 +70,7 @@ class TrainingState(ObjectState):
     """
 
     def __init__(self, model, optimizer, fingerprint: dict, **kwargs):
-        self._variables = list(model.variables) + list(optimizer.variables)
+        self._variables = state_variables(model, optimizer)
         self._values = [v.numpy() for v in self._variables]
         self._fingerprint = fingerprint
         super().__init__(bcast_object=dist.broadcast_object, get_rank=dist.current_rank, data=fingerprint, **kwargs)

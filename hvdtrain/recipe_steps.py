@@ -1,7 +1,9 @@
 """The recipe's steps, one function each, in Horovod's order (README, "What it does").
 
 :func:`hvdtrain.recipe.run` calls them top to bottom; an elastic job (:mod:`hvdtrain.elastic`)
-calls steps 5-9 again with the workers there are after every reset.
+calls steps 5-9 again with the workers there are after every reset. (Its step 5 is its own:
+``ElasticJob._resume`` restores, at the job's first start only, a position in examples, which any
+world size can continue.)
 
 1. init and pin -- :func:`init_and_pin`
 2. shard -- :func:`open_data`
@@ -233,14 +235,20 @@ def open_checkpoints(config: Config, run_dir: str, ckpt_dir: str, model, optimiz
     return manager, start
 
 
+def state_variables(model, optimizer) -> list:
+    """What every rank must hold alike: the model's variables (weights and BatchNorm's moving
+    statistics) and the optimizer's (its slots, iteration count and fp16's loss scale)."""
+    return list(model.variables) + list(optimizer.variables)
+
+
 def broadcast_state(ctx: DistContext, model, optimizer) -> None:
-    """Step 6: overwrite every rank's model and optimizer variables with rank 0's (a collective).
+    """Step 6: overwrite every rank's :func:`state_variables` with rank 0's (a collective).
 
     Needed once the variables exist -- random initialisation differs per rank -- and after rank 0
     restores a checkpoint. The optimizer's slots must already be built (``optimizer.build``).
-    (Horovod Elastic's state sync broadcasts the same variables, :class:`hvdtrain.elastic.TrainingState`.)
+    (Horovod Elastic's state sync broadcasts the same list, :class:`hvdtrain.elastic.TrainingState`.)
     """
-    ctx.broadcast_variables(model.variables + list(optimizer.variables), name="the broadcast of the initial state")
+    ctx.broadcast_variables(state_variables(model, optimizer), name="the broadcast of the initial state")
 
 
 def rank_callbacks(ctx: DistContext, config: Config, parts: Parts, data: RankData, model, optimizer, schedule,
@@ -259,9 +267,13 @@ def rank_callbacks(ctx: DistContext, config: Config, parts: Parts, data: RankDat
         config, files.run_dir, files.manager, data.plan, optimizer, files.meta) if ctx.is_chief else [])
     callbacks += [cb for cb in parts.callbacks if not is_keras_callback(cb) and (ctx.is_chief or not cb.chief_only)]
     keras_callbacks = [cb for cb in parts.callbacks if is_keras_callback(cb)]
-    if keras_callbacks:
-        callbacks.insert(0, ctx.guarded("setting up the Keras callbacks", lambda: KerasCallbacks(
-            keras_callbacks, model, optimizer, ctx.is_chief, config.epochs, data.plan.steps_per_epoch)))
+    try:
+        if keras_callbacks:
+            callbacks.insert(0, ctx.guarded("setting up the Keras callbacks", lambda: KerasCallbacks(
+                keras_callbacks, model, optimizer, ctx.is_chief, config.epochs, data.plan.steps_per_epoch)))
+    except BaseException:
+        cbs.close_all(callbacks)  # rank 0's logs, opened above, close with what they hold
+        raise
     return callbacks
 
 

@@ -158,3 +158,13 @@ def test_elastic_commits_at_every_checkpoint_and_epoch_end_and_checks_hosts_afte
     commit.after_agreement()
     assert [s[:2] for s in state.saves] == [(0, 30), (1, 0), (1, 70), (2, 0)]
     assert state.host_checks == 3  # the last commit looks for no workers
+
+
+def test_history_keeps_one_entry_per_epoch_when_an_epoch_is_trained_again():
+    """An elastic job rolled back past an epoch's end trains it again: the second result replaces the first."""
+    from hvdtrain.callbacks import History
+
+    history = History()
+    for epoch, loss in ((0, 1.0), (1, 0.5), (1, 0.4), (2, 0.3)):
+        history.on_epoch_end(epoch, {"train_loss": loss})
+    assert history.epochs == [0, 1, 2] and [h["train_loss"] for h in history.history] == [1.0, 0.4, 0.3]

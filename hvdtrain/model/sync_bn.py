@@ -71,7 +71,7 @@ class SyncBatchNormalizationBase:
             then differ between ranks, and :func:`hvdtrain.model.moving_statistics.per_rank_moving_statistics` finds
             them). The name and meaning of Keras' ``BatchNormalization(synchronized=...)``.
         fused: accepted for Keras' configs (``None``, True or False) and without effect: the
-            kernels are chosen as described above, and the result does not depend on them.
+            kernels are chosen as ``docs/sync_bn.md`` says ("Which kernels run"); results do not depend on them.
         renorm, renorm_clipping, renorm_momentum, virtual_batch_size, adjustment: Keras'
             arguments, accepted at their neutral values (``False``, any, any, ``None``, ``None``);
             batch renormalization, virtual batches and adjustment are not implemented (ValueError).

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import sys
 
-from hvdtrain.cli import GROUP_TITLES
-from hvdtrain.config import declared_settings
+from hvdtrain.config import SECTION_TITLES, declared_settings
 
 HEADER = """# Flags
 
@@ -35,7 +34,7 @@ def flags_markdown() -> str:
         meta = field.metadata
         if key.rpartition(".")[0] != section:
             section = key.rpartition(".")[0]
-            lines += ["", f"## {GROUP_TITLES[section].capitalize()}", "",
+            lines += ["", f"## {SECTION_TITLES[section].capitalize()}", "",
                       "| flag | key | type | default | range | what it does |", "| --- | --- | --- | --- | --- | --- |"]
         if meta["switch"]:
             kind = "switch: sets " + ("false" if meta["switch"] == "off" else "true")
