@@ -44,7 +44,8 @@ def main() -> None:
     p.add_argument("--rounds", type=common.at_least(1), default=3)
     p.add_argument("--train-examples", type=common.at_least(600), default=12000)
     a = p.parse_args()
-    from hvdtrain.data.in_memory import DEFAULT_DATA_DIR, load_idx_dir
+    from hvdtrain.config import DEFAULT_DATA_DIR
+    from hvdtrain.data.in_memory import load_idx_dir
 
     d = load_idx_dir(DEFAULT_DATA_DIR)
     with tempfile.TemporaryDirectory() as tmp:

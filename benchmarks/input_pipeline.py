@@ -34,7 +34,8 @@ import common  # noqa: E402
 
 
 def make_data(root: str, train_examples: int) -> dict:
-    from hvdtrain.data.in_memory import DEFAULT_DATA_DIR, load_idx_dir
+    from hvdtrain.config import DEFAULT_DATA_DIR
+    from hvdtrain.data.in_memory import load_idx_dir
     from hvdtrain.tools import make_tfrecords
     from hvdtrain.tools.make_image_folder import folder_order, write_image_folder
 

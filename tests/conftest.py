@@ -30,7 +30,8 @@ def fashion_slice_job(tmp_path_factory):
     """hvdtrain flags for one epoch of the default model, single-threaded ranks so that every
     launcher and placement computes alike, on the first 12,000 training and 2,000 test images of
     Fashion-MNIST (real data, a fifth of the full epoch; the full default job runs in test_cli.py)."""
-    from hvdtrain.data.in_memory import DEFAULT_DATA_DIR, load_idx_dir
+    from hvdtrain.config import DEFAULT_DATA_DIR
+    from hvdtrain.data.in_memory import load_idx_dir
 
     if not os.path.isdir(DEFAULT_DATA_DIR):
         pytest.skip("Debian's dataset-fashion-mnist is not installed")
