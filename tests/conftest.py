@@ -50,3 +50,17 @@ def fashion_slice_gloo_metrics(tmp_path_factory, fashion_slice_job):
     run_ranks(2, ["-m", "hvdtrain", *fashion_slice_job, "--log-dir", str(run_dir)], timeout=600)
     with open(run_dir / "metrics.jsonl") as f:
         return [json.loads(line) for line in f][-1]
+
+
+@pytest.fixture(scope="module")
+def cifar_like(tmp_path_factory):
+    """Fashion-MNIST as 32x32x3 images (padded, grey in three channels), the shape MobileNetV2 is built for."""
+    from hvdtrain.config import DEFAULT_DATA_DIR
+    from hvdtrain.data.in_memory import load_dataset
+
+    data = load_dataset("idx", DEFAULT_DATA_DIR, 0, "classes")
+    pad = ((0, 0), (2, 2), (2, 2), (0, 0))
+    x_train, x_test = (np.repeat(np.pad(x[:512], pad), 3, -1) for x in (data.x_train, data.x_test))
+    path = tmp_path_factory.mktemp("data") / "fmnist32.npz"
+    np.savez(path, x_train=x_train, y_train=data.y_train[:512], x_test=x_test, y_test=data.y_test[:512])
+    return ("--dataset", "npz", "--data-dir", str(path))

@@ -7,7 +7,7 @@ import pytest
 from hvdtrain.api import as_dataset, resolve_config
 from hvdtrain.config import Config
 from hvdtrain.errors import HvdtrainError
-from tests.test_kerases import needs_keras3
+from tests.helpers.kerases import needs_keras3
 from tests.helpers.ranks import run_ranks
 
 

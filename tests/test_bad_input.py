@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from tests.helpers.ranks import command, launch, rank_env
-from tests.data.test_datasets import corrupt, make_idx_dir, save_npz, write_idx
+from tests.helpers.idx_files import corrupt, make_idx_dir, save_npz, write_idx
 
 MLP = ["--model", "tests.helpers.models:mlp"]
 KERAS_3 = int(importlib.metadata.version("keras").split(".")[0]) >= 3
@@ -98,7 +98,7 @@ def image_folder(tmp, how):
 
 def records(tmp, how):
     """TFRecord shards of 9 and 7 records, one truncated or one record without its label."""
-    from tests.data.test_stream import write_records
+    from tests.helpers.streams import write_records
 
     (tmp / "records").mkdir()
     train = write_records(tmp / "records", [9, 7])

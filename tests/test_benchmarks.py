@@ -17,7 +17,7 @@ from typing import Dict, List
 import pytest
 
 from tests.helpers.ranks import REPO, run_ranks
-from tests.test_kerases import needs_keras3
+from tests.helpers.kerases import needs_keras3
 
 BENCH = REPO / "benchmarks"
 TINY = ["--batch-size", "8"]

@@ -15,13 +15,10 @@ import tensorflow as tf
 from tests.helpers.logs import tensorboard_scalars
 from tests.helpers.oracle import assert_same_weights
 from tests.helpers.ranks import REPO, command, rank_env, run_ranks
+from tests.helpers.runs import hvdtrain, metrics
 
 FAST = ["--dataset", "synthetic", "--model", "tests.helpers.models:mlp", "--batch-size", "64", "--no-progress",
         "--threads", "1"]
-
-
-def hvdtrain(np_, args, launcher="gloo", timeout=300, check=True):
-    return run_ranks(np_, ["-m", "hvdtrain", *args], launcher=launcher, timeout=timeout, check=check)
 
 
 def checkpoint_weights(checkpoint_dir):
@@ -29,11 +26,6 @@ def checkpoint_weights(checkpoint_dir):
     latest = sorted(p for p in checkpoint_dir.iterdir() if p.name.startswith("ckpt-"))[-1]
     reader = tf.train.load_checkpoint(str(latest / "state"))
     return {k: reader.get_tensor(k) for k in reader.get_variable_to_shape_map() if k.startswith("model/")}
-
-
-def metrics(run_dir):
-    with open(run_dir / "metrics.jsonl") as f:
-        return [json.loads(line) for line in f]
 
 
 def test_help_documents_every_flag():

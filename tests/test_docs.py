@@ -87,9 +87,9 @@ def test_the_readme_is_a_ten_minute_read():
 
 
 @pytest.mark.timeout(600)
-def test_every_import_of_hvdtrain_resolves():
-    """An import of hvdtrain's names anywhere (inside functions too, which run only in some ranks or
-    benchmarks) names something that exists: a moved name breaks here, not in a rank."""
+def test_every_import_of_hvdtrain_and_test_helpers_resolves():
+    """An import of hvdtrain's (or the tests' helpers') names anywhere -- inside functions too, which
+    run only in some ranks or benchmarks -- names something that exists: a moved name breaks here."""
     import ast
 
     missing = []
@@ -97,7 +97,8 @@ def test_every_import_of_hvdtrain_resolves():
         if path.suffix != ".py":
             continue
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("hvdtrain"):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith(("hvdtrain",
+                                                                                                      "tests")):
                 missing += [f"{path.relative_to(REPO)}:{node.lineno}: {node.module}.{alias.name}"
                             for alias in node.names if not _resolves(f"{node.module}.{alias.name}")]
     assert not missing, "imports of names that do not exist:\n" + "\n".join(missing)

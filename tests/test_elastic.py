@@ -22,9 +22,7 @@ import pytest
 from hvdtrain.data.in_memory import make_synthetic
 from hvdtrain.tools.make_image_folder import write_image_folder
 from tests.helpers.ranks import BIN, HOROVODRUN, REPO, rank_env
-from tests.test_faults import rank_pid
-
-# The killed-chief job: epoch 1 at world size 2, rank 0 killed in epoch 2, a worker added back once an
+from tests.helpers.runs import rank_pid
 # epoch at world size 1 is logged; it joins within an epoch here (about 8 s), and the four epochs
 # after the kill leave room for a slower start-up. Train accuracy passes 0.9 by epoch 5.
 EPOCHS = 6

@@ -8,43 +8,10 @@ import time
 import pytest
 
 from tests.helpers.ranks import command, rank_env, run_ranks
+from tests.helpers.runs import rank_pid
 
 ARGS = ["-m", "hvdtrain", "--dataset", "synthetic", "--model", "tests.helpers.models:mlp", "--epochs", "100000",
         "--batch-size", "32", "--no-progress", "--threads", "1", "--log-every", "5"]
-
-
-def _parent(pid: str) -> int:
-    with open(f"/proc/{pid}/stat") as f:
-        return int(f.read().rsplit(")", 1)[1].split()[1])
-
-
-def descends_from(pid: str, ancestor: int) -> bool:
-    try:
-        while int(pid) > 1:
-            if int(pid) == ancestor:
-                return True
-            pid = str(_parent(pid))
-    except (OSError, ValueError):
-        pass
-    return False
-
-
-def rank_pid(job: subprocess.Popen, rank: int) -> int:
-    """The pid of the process this job's launcher started as ``rank`` (found through its environment)."""
-    for _ in range(600):
-        for pid in os.listdir("/proc"):
-            if not pid.isdigit() or not descends_from(pid, job.pid):
-                continue
-            try:
-                environ = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
-                cmdline = open(f"/proc/{pid}/cmdline", "rb").read()
-            except OSError:
-                continue
-            if b"hvdtrain" in cmdline and (f"HOROVOD_RANK={rank}".encode() in environ
-                                           or f"OMPI_COMM_WORLD_RANK={rank}".encode() in environ):
-                return int(pid)
-        time.sleep(0.1)
-    raise AssertionError("rank process not found")
 
 
 def start_then(signal_number, launcher, tmp_path, extra=()):

@@ -13,10 +13,9 @@ import pytest
 
 from tests.helpers.oracle import assert_same_weights
 from tests.helpers.ranks import REPO, rank_env, run_ranks
-from tests.test_cli import hvdtrain, metrics
-from tests.test_kerases import KERAS_3
-from tests.test_trainer import train_steps, weights
-from tests.tools.test_verify import cifar_like  # noqa: F401 -- a fixture
+from tests.helpers.runs import hvdtrain, metrics
+from tests.helpers.kerases import KERAS_3
+from tests.helpers.runs import train_steps, weights
 
 pytestmark = pytest.mark.skipif(not KERAS_3, reason="needs Keras 3 (TensorFlow >= 2.16)")
 

@@ -8,9 +8,7 @@ import pytest
 from hvdtrain import kerases
 from hvdtrain.errors import HvdtrainError
 from tests.helpers.ranks import REPO
-
-KERAS_3 = kerases.keras3_installed()
-needs_keras3 = pytest.mark.skipif(not KERAS_3, reason="needs Keras 3 (TensorFlow >= 2.16)")
+from tests.helpers.kerases import KERAS_3, needs_keras3
 
 
 def _python(code: str, **env) -> subprocess.CompletedProcess:

@@ -1,6 +1,7 @@
 """The package's shape: no import circles, no module over 450 lines, config a leaf."""
 import ast
 import pathlib
+import re
 
 PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "hvdtrain"
 MAX_LINES = 450
@@ -110,3 +111,7 @@ def test_test_helpers_live_in_one_folder():
     loose = [p.name for p in tests.glob("*.py") if not p.name.startswith("test_") and p.name not in ("__init__.py",
                                                                                                      "conftest.py")]
     assert not loose, f"helper modules loose in tests/: {loose}"
+    borrowing = [f"{p.relative_to(tests)}: {line.strip()}" for p in tests.rglob("*.py")
+                 for line in p.read_text().splitlines() if re.match(r"\s*from tests\.(\w+\.)*test_\w+ import", line)]
+    assert not borrowing, "test modules importing from other test modules (share it in tests/helpers/):\n" + "\n".join(
+        borrowing)

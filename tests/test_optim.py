@@ -10,7 +10,7 @@ from hvdtrain.config import OptimConfig
 from hvdtrain.optim import WarmupSchedule, rescale_schedule
 from tests.helpers.oracle import assert_same_weights
 from tests.helpers.ranks import run_ranks
-from tests.test_trainer import train_steps, weights
+from tests.helpers.runs import train_steps, weights
 
 
 def lr(schedule, step):

@@ -9,7 +9,7 @@ import tensorflow as tf
 from hvdtrain.precision import DynamicLossScale
 from tests.helpers.oracle import assert_same_weights
 from tests.helpers.ranks import run_ranks
-from tests.test_trainer import train_steps, weights
+from tests.helpers.runs import train_steps, weights
 
 MODEL = "tests.helpers.models:cnn_sync_bn"
 

@@ -8,18 +8,7 @@ import pytest
 
 from tests.helpers.oracle import assert_same_weights
 from tests.helpers.ranks import run_ranks
-
-
-def weights(path_prefix, rank=0):
-    data = np.load(f"{path_prefix}.rank{rank}.npz")
-    return {k: data[k] for k in data.files}
-
-
-def train_steps(tmp_path, tag, np_, model, sizes, steps, *extra, launcher="gloo"):
-    out = tmp_path / f"{tag}.npz"
-    run_ranks(np_, ["-m", "tests.workers.train_steps", str(out), model, sizes, str(steps), *extra],
-              launcher=launcher, timeout=240)
-    return str(out)[:-4]
+from tests.helpers.runs import train_steps, weights
 
 
 @pytest.fixture(scope="module")

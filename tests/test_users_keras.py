@@ -7,7 +7,7 @@ import json
 import pytest
 
 from tests.helpers.ranks import run_ranks
-from tests.test_kerases import needs_keras3
+from tests.helpers.kerases import needs_keras3
 
 SEEN_ALIKE = ("loss", "accuracy", "val_loss", "val_accuracy", "lr", "learning_rate")
 

@@ -1,5 +1,4 @@
 """Loaders: real Fashion-MNIST IDX files, gzip and raw IDX, NPZ files, synthetic data, and clear errors."""
-import gzip
 import os
 
 import numpy as np
@@ -8,23 +7,7 @@ import pytest
 from hvdtrain.config import DEFAULT_DATA_DIR
 from hvdtrain.data.in_memory import load_dataset, load_idx_dir, load_npz, make_synthetic
 from hvdtrain.errors import HvdtrainError
-
-
-def write_idx(path, array, gz=False):
-    header = bytes([0, 0, 0x08, array.ndim]) + b"".join(int(d).to_bytes(4, "big") for d in array.shape)
-    data = header + array.astype(np.uint8).tobytes()
-    with (gzip.open if gz else open)(path, "wb") as f:
-        f.write(data)
-
-
-def make_idx_dir(root, n_train=20, n_test=10, gz=False, labels=None):
-    rng = np.random.default_rng(0)
-    suffix = ".gz" if gz else ""
-    write_idx(root / f"train-images-idx3-ubyte{suffix}", rng.integers(0, 256, (n_train, 5, 4)), gz)
-    write_idx(root / f"train-labels-idx1-ubyte{suffix}", labels if labels is not None else np.arange(n_train) % 3, gz)
-    write_idx(root / f"t10k-images-idx3-ubyte{suffix}", rng.integers(0, 256, (n_test, 5, 4)), gz)
-    write_idx(root / f"t10k-labels-idx1-ubyte{suffix}", np.arange(n_test) % 3, gz)
-    return root
+from tests.helpers.idx_files import corrupt, make_idx_dir, save_npz, write_idx
 
 
 @pytest.mark.skipif(not os.path.isdir(DEFAULT_DATA_DIR), reason="Debian's dataset-fashion-mnist is not installed")
@@ -39,17 +22,6 @@ def test_real_fashion_mnist():
 def test_idx_raw_and_gzip(tmp_path, gz):
     d = load_idx_dir(make_idx_dir(tmp_path, gz=gz))
     assert d.x_train.shape == (20, 5, 4, 1) and d.y_train.dtype == np.int32 and d.num_classes == 3
-
-
-def corrupt(path, how):
-    raw = open(path, "rb").read()
-    if how == "magic":
-        raw = b"\x12\x34" + raw[2:]
-    elif how == "truncated":
-        raw = raw[:-7]
-    elif how == "dims":
-        raw = raw[:3] + bytes([2]) + raw[4:]
-    open(path, "wb").write(raw)
 
 
 @pytest.mark.parametrize("how, message", [("magic", "bad magic number"), ("truncated", "truncated"),
@@ -74,15 +46,6 @@ def test_idx_count_mismatch_and_missing(tmp_path):
         load_idx_dir(tmp_path)
     with pytest.raises(HvdtrainError, match="does not exist"):
         load_idx_dir(tmp_path / "nope")
-
-
-def save_npz(path, **overrides):
-    rng = np.random.default_rng(1)
-    arrays = dict(x_train=rng.integers(0, 256, (12, 6, 6), dtype=np.uint8), y_train=np.arange(12) % 4,
-                  x_test=rng.integers(0, 256, (5, 6, 6), dtype=np.uint8), y_test=np.arange(5) % 4)
-    arrays.update(overrides)
-    np.savez(path, **{k: v for k, v in arrays.items() if v is not None})
-    return str(path)
 
 
 def test_npz_keras_layout(tmp_path):

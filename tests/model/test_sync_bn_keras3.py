@@ -6,7 +6,7 @@ models. Deliberate differences (masks and renorm refused) are marked "deliberate
 import numpy as np
 import pytest
 
-from tests.test_kerases import KERAS_3
+from tests.helpers.kerases import KERAS_3
 
 pytestmark = pytest.mark.skipif(not KERAS_3, reason="needs Keras 3 (TensorFlow >= 2.16)")
 

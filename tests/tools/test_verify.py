@@ -3,13 +3,10 @@ a real model (MobileNetV2), whose training amplifies rounding, passes once conve
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 
-from hvdtrain.config import DEFAULT_DATA_DIR
-from hvdtrain.data.in_memory import load_dataset
+from tests.helpers.kerases import needs_keras3
 from tests.helpers.ranks import REPO, rank_env
-from tests.test_kerases import needs_keras3
 
 
 def verify(model, *args, dataset=("--dataset", "synthetic")):
@@ -33,17 +30,6 @@ def test_keras_batchnorm_is_named_as_differing():
     assert "the model trains differently at 2 ranks" in result.stdout
     assert "Keras BatchNormalization layer(s), which normalize each rank's batch alone" in result.stdout
     assert len(result.stdout.splitlines()) < 10  # a summary, not a row per variable
-
-
-@pytest.fixture(scope="module")
-def cifar_like(tmp_path_factory):
-    """Fashion-MNIST as 32x32x3 images (padded, grey in three channels), the shape MobileNetV2 is built for."""
-    data = load_dataset("idx", DEFAULT_DATA_DIR, 0, "classes")
-    pad = ((0, 0), (2, 2), (2, 2), (0, 0))
-    x_train, x_test = (np.repeat(np.pad(x[:512], pad), 3, -1) for x in (data.x_train, data.x_test))
-    path = tmp_path_factory.mktemp("data") / "fmnist32.npz"
-    np.savez(path, x_train=x_train, y_train=data.y_train[:512], x_test=x_test, y_test=data.y_test[:512])
-    return ("--dataset", "npz", "--data-dir", str(path))
 
 
 @pytest.mark.parametrize("model", ["mobilenet_v2", pytest.param("keras3_mobilenet_v2", marks=needs_keras3)])
