@@ -36,6 +36,7 @@ def rgb32(images):
     return np.repeat(np.pad(images, ((0, 0), (2, 2), (2, 2), (0, 0))), 3, -1)
 
 
+hvdtrain.init_distributed()  # first: each rank pins its own GPU before TensorFlow starts (AdamW below starts it)
 fashion = load_idx_dir("/usr/share/datasets/fashion-mnist")
 data = (rgb32(fashion.x_train[:a.train]), fashion.y_train[:a.train], rgb32(fashion.x_test), fashion.y_test)
 result = hvdtrain.fit(build, data, loss="sparse_categorical_crossentropy", metrics=["accuracy"],

@@ -139,7 +139,7 @@ class DataConfig:
     dataset: str = setting(
         "idx", "--dataset", "in memory: idx (MNIST-family IDX directory), npz (keras.datasets-style .npz file), "
         "synthetic; streamed by tf.data: tfrecord (<data-dir>/train-*, test-*), folder (<data-dir>/train/<class>/"
-        "*.jpg|png, test/<class>/...), function (--data)", choices=DATASETS)
+        "*.jpg|jpeg|png|bmp|gif, test/<class>/...), function (--data)", choices=DATASETS)
     data_dir: str = setting(DEFAULT_DATA_DIR, "--data-dir", "the IDX or TFRecord directory, the image folder, or the "
                             ".npz file")
     function: Optional[str] = setting(

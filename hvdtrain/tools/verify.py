@@ -44,7 +44,8 @@ TOLERANCE = 1e-3
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="hvdtrain verify", description=__doc__.split("\n")[0])
     p.add_argument("--np", type=int, default=2, help="world size to compare with one process")
-    p.add_argument("--model", required=True, help="cnn, resnet20, unet or package.module:function")
+    p.add_argument("--model", required=True, help="resnet20, unet, cnn (has Dropout, whose masks differ per rank "
+                                                  "by design: it fails) or package.module:function")
     p.add_argument("--dataset", choices=[d for d in DATASETS if d not in STREAMING_DATASETS], default="idx")
     p.add_argument("--data-dir", default=DEFAULT_DATA_DIR)
     p.add_argument("--loss", choices=LOSSES, default=LOSSES[0])
