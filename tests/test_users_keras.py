@@ -57,3 +57,14 @@ def test_a_users_keras_script_trains_at_two_ranks(tmp_path, mode, keras):
         # run the script's fit twice).
         assert trained == 4 and "data:users_keras:make_data" in result.stdout
         assert result.stdout.count("fit done on rank 0") == 1
+
+
+def test_a_refused_keras_callback_fails_every_rank_and_closes_what_was_opened(tmp_path):
+    """Keras' TensorBoard is refused (hvdtrain writes its own) before training: rank 0 raises why,
+    the other ranks that rank 0 failed; rank 0's callbacks, opened just before, are closed all the same."""
+    run_ranks(2, ["tests/workers/refused_keras_callback.py", str(tmp_path)], timeout=300)
+    reports = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)]
+    assert "Keras' callbacks.TensorBoard is not supported" in reports[0]["error"], reports
+    assert reports[1]["error"] == "rank 0 failed while setting up the Keras callbacks; that rank reports why"
+    assert [r["closed"] for r in reports] == [True, False]  # chief-only: rank 0's alone
+    assert not (tmp_path / "board").exists() and not (tmp_path / "run" / "model.keras").exists()
