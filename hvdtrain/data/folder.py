@@ -35,18 +35,18 @@ class FolderSplit(Split):
         indices = np.asarray(indices, np.int64)
         return tf.data.Dataset.from_tensor_slices((self.paths[indices], self.labels[indices], indices))
 
-    def rank_elements(self, plan: ShardPlan, epoch: int, first_step: int, first_example: int = 0):
+    def rank_elements(self, plan: ShardPlan, epoch: int, first_step: int, first_example: int = 0, threads: int = 1):
         sizes, parts = [], []
         for _, local, _ in plan.epoch(epoch, first_step, first_example):
             sizes.append(len(local))
             parts.append(local)
         return self._elements(np.concatenate(parts) if parts else np.zeros(0, np.int64)), sizes
 
-    def eval_elements(self, world_size: int, rank: int):
+    def eval_elements(self, world_size: int, rank: int, threads: int = 1):
         return self._elements(np.arange(self.num_examples)[eval_shard(self.num_examples, world_size, rank)])
 
-    def load(self, path):
-        return tf.io.read_file(path)
+    def load(self, path, label, index):
+        return tf.io.read_file(path), label, index
 
     def origin(self, path, label, index) -> str:
         return f"image {path.numpy().decode()}"

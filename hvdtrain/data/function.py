@@ -74,13 +74,13 @@ class FunctionSplit(Split):
         return tf.data.Dataset.zip((part, tf.data.Dataset.range(first, first + count))).map(
             lambda example, key: (*example, key))
 
-    def rank_elements(self, plan: ShardPlan, epoch: int, first_step: int, first_example: int = 0):
+    def rank_elements(self, plan: ShardPlan, epoch: int, first_step: int, first_example: int = 0, threads: int = 1):
         first, count = rank_range(plan, first_step, first_example)
         sizes = local_sizes(plan, plan.rank)
         done = sum(sizes[:first_step])
         return self._positioned(self.call(epoch), first + done, count - done), sizes[first_step:]
 
-    def eval_elements(self, world_size: int, rank: int):
+    def eval_elements(self, world_size: int, rank: int, threads: int = 1):
         part = eval_shard(self.num_examples, world_size, rank)
         return self._positioned(self.call(0), part.start, part.stop - part.start)
 

@@ -4,9 +4,9 @@ A :class:`StreamingDataset` pairs a training and a test :class:`Split` (an image
 shards, or the user's own ``tf.data`` function) with how images become the model's input
 (:class:`ImageView`). Each epoch it builds this rank's pipeline:
 
-    this rank's elements, in its order (the split's)  ->  decode, crop, augment
-    (one thread per core of the rank, deterministic)  ->  local batches of the plan's sizes  ->  prefetch
-    (:data:`PREFETCH_BATCHES`)
+    this rank's elements, in its order (the split's)  ->  load (read a file, parse a record), decode,
+    crop, augment (one thread per core of the rank, deterministic)  ->  local batches of the plan's
+    sizes  ->  prefetch (:data:`PREFETCH_BATCHES`)
 
 The local batch sizes are the :class:`~hvdtrain.data.sharding.ShardPlan`'s, so every rank runs
 the same steps, each global batch holds the same number of examples as in memory, and every
@@ -66,18 +66,19 @@ class ImageView:
 class Split:
     """One split of a streaming dataset: its size and this rank's elements.
 
-    An element is a tuple that :meth:`prepare` and :meth:`load` make an image (encoded bytes, or
-    uint8 or float ``(H, W, C)``) and an integer label of; its last item is a unique int64 key,
-    which seeds its augmentation and names it in errors (:meth:`origin`).
+    An element is a tuple that :meth:`load` makes an image (encoded bytes, or uint8 or float
+    ``(H, W, C)``) and an integer label of; its last item is a unique int64 key, which seeds its
+    augmentation and names it in errors (:meth:`origin`).
     """
 
     num_examples: int
     decodes = True  # False: the elements already hold images (a data function's)
 
-    def rank_elements(self, plan: ShardPlan, epoch: int, first_step: int,
-                      first_example: int = 0) -> Tuple[tf.data.Dataset, List[int]]:
+    def rank_elements(self, plan: ShardPlan, epoch: int, first_step: int, first_example: int = 0,
+                      threads: int = 1) -> Tuple[tf.data.Dataset, List[int]]:
         """This rank's elements from ``plan.start_step(first_step, first_example)`` to the end of
         ``epoch``, in its order, and its local batch size at each of those steps (the plan's).
+        ``threads``: how many threads the rank's pipeline may read with (the order stays the same).
 
         Raises:
             ValueError: for a ``first_example`` past ``first_step``'s first example where the
@@ -85,17 +86,16 @@ class Split:
         """
         raise NotImplementedError
 
-    def eval_elements(self, world_size: int, rank: int) -> tf.data.Dataset:
-        """This rank's part of the split for evaluation (:func:`eval_shard`'s, each example once)."""
+    def eval_elements(self, world_size: int, rank: int, threads: int = 1) -> tf.data.Dataset:
+        """This rank's part of the split for evaluation (:func:`eval_shard`'s, each example once),
+        read by up to ``threads`` threads."""
         raise NotImplementedError
 
-    def prepare(self, elements: tf.data.Dataset) -> tf.data.Dataset:
-        """Elements -> ``(raw, label, key)`` examples (vectorized where the split can)."""
-        return elements
-
-    def load(self, raw: tf.Tensor) -> tf.Tensor:
-        """One example's ``raw`` -> its encoded image (bytes) when :attr:`decodes`, else its image."""
-        return raw
+    def load(self, *element: tf.Tensor) -> Tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+        """One element -> ``(image, label, key)``: the encoded image (bytes) when :attr:`decodes`,
+        else the image. Runs in the parallel decoding map, so that reading (a file, a record's
+        parse) is spread over the rank's cores, as decoding is."""
+        return element
 
     def origin(self, *element) -> str:
         """Where an element comes from, for an error message (eager)."""
@@ -202,13 +202,14 @@ class StreamingDataset:
 
     # ---- pipelines -------------------------------------------------------------------------------
     def _decode(self, split: Split, training: bool, epoch: int):
-        """The per-example map: ``(raw, label, key) -> (image, label)``, the image decoded and
-        preprocessed (:mod:`hvdtrain.data.images`) where the split holds encoded images."""
+        """The per-example map: an element -> ``(image, label)``, the image loaded
+        (:meth:`Split.load`), then decoded and preprocessed (:mod:`hvdtrain.data.images`) where
+        the split holds encoded images."""
         view, seed = self.view, self.seed
         randomized = training and view.augment != "none"
 
-        def decode(raw, label, key):
-            image = split.load(raw)
+        def decode(*element):
+            image, label, key = split.load(*element)
             if split.decodes:  # a JPEG's crop decoded alone (images.decode_view)
                 image = images.decode_view(image, view.channels, training, view.augment, view.image_size,
                                            view.stored_shape, images.example_seed(seed, epoch, key) if randomized
@@ -229,8 +230,7 @@ class StreamingDataset:
         """Decode in parallel, in order, then cut batches of ``sizes`` (the last may differ)."""
         # One decoding thread per core of the rank: more would take the cores from the step.
         parallel = rank_threads(threads)
-        data = split.prepare(elements).map(self._decode(split, training, epoch), num_parallel_calls=parallel,
-                                           deterministic=True)
+        data = elements.map(self._decode(split, training, epoch), num_parallel_calls=parallel, deterministic=True)
         data = data.batch(sizes[0]).rebatch(tf.constant(sizes, tf.int64))  # rebatch cycles through the sizes
         return untuned(data.map(self._check_labels).prefetch(PREFETCH_BATCHES), parallel)
 
@@ -244,7 +244,8 @@ class StreamingDataset:
         Images are uint8 ``(b, H, W, C)`` (the view's input shape; a data function's own dtype),
         labels int32 ``(b, *label_shape)``.
         """
-        elements, sizes = self.train.rank_elements(plan, epoch, first_step, first_example)
+        threads = rank_threads(threads)
+        elements, sizes = self.train.rank_elements(plan, epoch, first_step, first_example, threads)
         if not sizes:
             return tf.data.Dataset.from_tensors(0).take(0), sizes
         return self._pipeline(self.train, elements, True, epoch, sizes, threads), sizes
@@ -253,7 +254,8 @@ class StreamingDataset:
         """This rank's part of the test split (each example once over all ranks) in batches
         ``(images, labels)`` of up to ``batch_size``: as :meth:`train_batches`' (center crop, no
         augmentation)."""
-        elements = self.test.eval_elements(world_size, rank)
+        threads = rank_threads(threads)
+        elements = self.test.eval_elements(world_size, rank, threads)
         return self._pipeline(self.test, elements, False, 0, [batch_size], threads)
 
     # ---- what went wrong -------------------------------------------------------------------------
@@ -295,7 +297,7 @@ class StreamingDataset:
                 what = "reading the data" + (f" after {split.origin(*last)}" if last is not None else "")
                 return HvdtrainError(f"{what}: {tf_message(e)} ({where(position)})")
             try:
-                for example in split.prepare(tf.data.Dataset.from_tensors(element)).map(decode):
+                for example in tf.data.Dataset.from_tensors(element).map(decode):
                     self._check_labels(*example)
             except (tf.errors.OpError, ValueError) as e:
                 hint = ("; images of different sizes need --image-size" if split.decodes and not self.view.image_size

@@ -11,7 +11,9 @@ are read in an order shuffled by ``(seed, epoch)``; that stream of ``n`` records
 contiguous range per rank, each as long as the rank's local batches of the
 :class:`~hvdtrain.data.sharding.ShardPlan` add up to (sizes differ by at most one batch's rounding;
 a range may begin or end inside a file, so there may be more ranks than files). A rank reads
-only its range: its files interleaved, then a shuffle buffer seeded by ``(seed, epoch, rank)``.
+only its range: its files interleaved (by as many threads as it has cores, up to
+:data:`FILES_AT_ONCE`, in one order), then a shuffle buffer seeded by ``(seed, epoch, rank)``;
+each record is parsed where it is decoded.
 """
 from __future__ import annotations
 
@@ -34,6 +36,7 @@ INDEX_FILE = "hvdtrain-index.json"
 INDEX_VERSION = 1
 TEST_PREFIXES = ("test", "validation")
 SCAN_BATCH = 1024  # records parsed at once while indexing
+FILES_AT_ONCE = 4  # a rank's training files interleaved record by record, before the shuffle buffer
 
 
 def _features(image_key: str, label_key: str) -> dict:
@@ -59,10 +62,10 @@ class TFRecordSplit(Split):
         self.shuffle_buffer, self.seed = shuffle_buffer, seed
         self.num_examples = sum(self.counts)
 
-    def _read(self, segments: List[Tuple[int, int, int]], parallel: int) -> tf.data.Dataset:
+    def _read(self, segments: List[Tuple[int, int, int]], files_at_once: int, threads: int) -> tf.data.Dataset:
         """The records of ``(file, skip, take)`` segments as ``(serialized, key)``, key =
-        file << 32 | record number; ``parallel`` files interleaved record by record (read by one
-        thread)."""
+        file << 32 | record number; ``files_at_once`` files interleaved record by record, read by
+        up to ``threads`` threads in that same order."""
         if not segments:
             return tf.data.Dataset.from_tensor_slices((tf.zeros([0], tf.string), tf.zeros([0], tf.int64)))
         f, skip, take = (np.array(column, np.int64) for column in zip(*segments))
@@ -73,36 +76,39 @@ class TFRecordSplit(Split):
             return tf.data.Dataset.zip((tf.data.TFRecordDataset(path).skip(first).take(count),
                                         tf.data.Dataset.range(key, key + count)))
 
-        # Sequential interleave: a parallel one's reader threads took the cores from the training
-        # step (benchmarks/input_pipeline.py); decoding, the costly part, runs in parallel after it.
+        # On one core, one reader: a parallel one's threads took the core from the training step
+        # (benchmarks/input_pipeline.py). On more, parallel readers fill the shuffle buffer, which
+        # decoding waits for at each epoch's start (benchmarks/imagenet_input.py).
+        cycle = max(1, min(files_at_once, len(segments)))
+        readers = min(threads, cycle)
+        parallel = {"num_parallel_calls": readers, "deterministic": True} if readers > 1 else {}
         return tf.data.Dataset.from_tensor_slices((paths, f, skip, take)).interleave(
-            records, cycle_length=max(1, min(parallel, len(segments))), block_length=1)
+            records, cycle_length=cycle, block_length=1, **parallel)
 
     def file_order(self, epoch: int) -> np.ndarray:
         """The epoch's file order, a function of ``(seed, epoch)`` only."""
         return np.random.default_rng([self.seed, epoch, 0x7F]).permutation(len(self.files))
 
-    def rank_elements(self, plan: ShardPlan, epoch: int, first_step: int, first_example: int = 0):
+    def rank_elements(self, plan: ShardPlan, epoch: int, first_step: int, first_example: int = 0, threads: int = 1):
         first, count = rank_range(plan, first_step, first_example)
-        records = self._read(contiguous_segments(self.counts, self.file_order(epoch), first, count), parallel=4)
+        records = self._read(contiguous_segments(self.counts, self.file_order(epoch), first, count),
+                             files_at_once=FILES_AT_ONCE, threads=threads)
         if plan.shuffle:
             seed = int(np.random.SeedSequence([self.seed, epoch, plan.rank]).generate_state(1)[0])
             records = records.shuffle(self.shuffle_buffer, seed=seed, reshuffle_each_iteration=False)
         sizes = local_sizes(plan, plan.rank)
         return records.skip(sum(sizes[:first_step])), sizes[first_step:]
 
-    def eval_elements(self, world_size: int, rank: int):
-        part = eval_shard(self.num_examples, world_size, rank)
+    def eval_elements(self, world_size: int, rank: int, threads: int = 1):
+        part = eval_shard(self.num_examples, world_size, rank)  # in the files' order, one at a time
         return self._read(contiguous_segments(self.counts, range(len(self.files)), part.start, part.stop - part.start),
-                          parallel=1)
+                          files_at_once=1, threads=threads)
 
-    def prepare(self, records):
-        """``(serialized, key)`` -> ``(encoded image, label, key)``, parsed a batch of records at a time."""
-        def parse(serialized, keys):
-            parsed = tf.io.parse_example(serialized, self.features)
-            return parsed[self.image_key], parsed[self.label_key], keys
-
-        return records.batch(SCAN_BATCH).map(parse).unbatch()
+    def load(self, serialized, key):
+        """``(serialized, key)`` -> ``(encoded image, label, key)``: each record parsed in the
+        parallel decoding map, so that only the reading itself is sequential."""
+        parsed = tf.io.parse_single_example(serialized, self.features)
+        return parsed[self.image_key], parsed[self.label_key], key
 
     def origin(self, serialized, key) -> str:
         key = int(key)

@@ -70,9 +70,13 @@ def measure(data, limit: int, explain=None) -> tuple:
     Raises:
         HvdtrainError: ``explain(error, batches read)`` for a read that failed (with ``explain``).
     """
-    count, read, start = 0, 0, time.perf_counter()
+    count, read = 0, 0
     try:
-        for images, _ in data:
+        # The iterator, built first, has instantiated the functions but read nothing: tf.data's
+        # stages start their threads, and the shuffle buffer fills, at the first batch asked for.
+        batches = iter(data)
+        start = time.perf_counter()
+        for images, _ in batches:
             count, read = count + int(images.shape[0]), read + 1
             if limit and count >= limit:
                 break

@@ -52,6 +52,23 @@ def test_tfrecord_resume_mid_epoch_continues_the_same_stream(tmp_path):
         epoch_of(dataset, 2, 2, epoch=1, first_step=1, first_example=5)
 
 
+def test_tfrecord_readers_in_parallel_keep_the_order_of_one(tmp_path):
+    """A rank with more cores reads its files with more threads (up to FILES_AT_ONCE): the same
+    records in the same order, for training and evaluation, as one thread reads them."""
+    write_records(tmp_path, [5, 9, 3, 8, 6])
+    write_records(tmp_path, [4, 7], prefix="test")
+    dataset = open_records(tmp_path)
+    plan = epoch_of(dataset, 2, 3, epoch=0)[1][1]
+
+    def values(batches):
+        return [x.numpy()[:, 0, 0, 0].tolist() for x, _ in batches]
+
+    trains = [values(dataset.train_batches(plan, 1, threads=threads)[0]) for threads in (1, 2, 4)]
+    tests = [values(dataset.test_batches(2, 1, 3, threads=threads)) for threads in (1, 2, 4)]
+    assert trains[0] == trains[1] == trains[2] and list(map(len, trains[0])) == dataset.train_batches(plan, 1)[1]
+    assert tests[0] == tests[1] == tests[2] == [[5, 6, 7], [8, 9, 10]]  # rank 1 of 2: records 6-11 of 11
+
+
 def test_tfrecord_index_is_cached_and_rebuilt_when_a_file_changes(tmp_path):
     write_records(tmp_path, [5, 6])
     write_records(tmp_path, [2], prefix="test")
