@@ -42,7 +42,7 @@ class FolderSplit(Split):
             parts.append(local)
         return self._elements(np.concatenate(parts) if parts else np.zeros(0, np.int64)), sizes
 
-    def eval_elements(self, world_size: int, rank: int, threads: int = 1):
+    def eval_elements(self, world_size: int, rank: int):
         return self._elements(np.arange(self.num_examples)[eval_shard(self.num_examples, world_size, rank)])
 
     def load(self, path, label, index):

@@ -80,7 +80,7 @@ class FunctionSplit(Split):
         done = sum(sizes[:first_step])
         return self._positioned(self.call(epoch), first + done, count - done), sizes[first_step:]
 
-    def eval_elements(self, world_size: int, rank: int, threads: int = 1):
+    def eval_elements(self, world_size: int, rank: int):
         part = eval_shard(self.num_examples, world_size, rank)
         return self._positioned(self.call(0), part.start, part.stop - part.start)
 

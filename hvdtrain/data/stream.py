@@ -78,7 +78,7 @@ class Split:
                       threads: int = 1) -> Tuple[tf.data.Dataset, List[int]]:
         """This rank's elements from ``plan.start_step(first_step, first_example)`` to the end of
         ``epoch``, in its order, and its local batch size at each of those steps (the plan's).
-        ``threads``: how many threads the rank's pipeline may read with (the order stays the same).
+        ``threads``: the threads the rank's pipeline may read with (the order is the same for any).
 
         Raises:
             ValueError: for a ``first_example`` past ``first_step``'s first example where the
@@ -86,9 +86,8 @@ class Split:
         """
         raise NotImplementedError
 
-    def eval_elements(self, world_size: int, rank: int, threads: int = 1) -> tf.data.Dataset:
-        """This rank's part of the split for evaluation (:func:`eval_shard`'s, each example once),
-        read by up to ``threads`` threads."""
+    def eval_elements(self, world_size: int, rank: int) -> tf.data.Dataset:
+        """This rank's part of the split for evaluation (:func:`eval_shard`'s, each example once)."""
         raise NotImplementedError
 
     def load(self, *element: tf.Tensor) -> Tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
@@ -254,8 +253,7 @@ class StreamingDataset:
         """This rank's part of the test split (each example once over all ranks) in batches
         ``(images, labels)`` of up to ``batch_size``: as :meth:`train_batches`' (center crop, no
         augmentation)."""
-        threads = rank_threads(threads)
-        elements = self.test.eval_elements(world_size, rank, threads)
+        elements = self.test.eval_elements(world_size, rank)
         return self._pipeline(self.test, elements, False, 0, [batch_size], threads)
 
     # ---- what went wrong -------------------------------------------------------------------------

@@ -11,9 +11,9 @@ are read in an order shuffled by ``(seed, epoch)``; that stream of ``n`` records
 contiguous range per rank, each as long as the rank's local batches of the
 :class:`~hvdtrain.data.sharding.ShardPlan` add up to (sizes differ by at most one batch's rounding;
 a range may begin or end inside a file, so there may be more ranks than files). A rank reads
-only its range: its files interleaved (by as many threads as it has cores, up to
-:data:`FILES_AT_ONCE`, in one order), then a shuffle buffer seeded by ``(seed, epoch, rank)``;
-each record is parsed where it is decoded.
+only its range: :data:`FILES_AT_ONCE` files interleaved (read by up to that many threads, one per
+core of the rank, in one order), then a shuffle buffer seeded by ``(seed, epoch, rank)``; each
+record is parsed where it is decoded. Evaluation reads the files in order, one at a time.
 """
 from __future__ import annotations
 
@@ -76,9 +76,7 @@ class TFRecordSplit(Split):
             return tf.data.Dataset.zip((tf.data.TFRecordDataset(path).skip(first).take(count),
                                         tf.data.Dataset.range(key, key + count)))
 
-        # On one core, one reader: a parallel one's threads took the core from the training step
-        # (benchmarks/input_pipeline.py). On more, parallel readers fill the shuffle buffer, which
-        # decoding waits for at each epoch's start (benchmarks/imagenet_input.py).
+        # One core: one reader (input_pipeline.py); more fill the shuffle buffer sooner (imagenet_input.py).
         cycle = max(1, min(files_at_once, len(segments)))
         readers = min(threads, cycle)
         parallel = {"num_parallel_calls": readers, "deterministic": True} if readers > 1 else {}
@@ -99,14 +97,14 @@ class TFRecordSplit(Split):
         sizes = local_sizes(plan, plan.rank)
         return records.skip(sum(sizes[:first_step])), sizes[first_step:]
 
-    def eval_elements(self, world_size: int, rank: int, threads: int = 1):
-        part = eval_shard(self.num_examples, world_size, rank)  # in the files' order, one at a time
+    def eval_elements(self, world_size: int, rank: int):
+        part = eval_shard(self.num_examples, world_size, rank)  # in the files' order, one file at a time
         return self._read(contiguous_segments(self.counts, range(len(self.files)), part.start, part.stop - part.start),
-                          files_at_once=1, threads=threads)
+                          files_at_once=1, threads=1)
 
     def load(self, serialized, key):
-        """``(serialized, key)`` -> ``(encoded image, label, key)``: each record parsed in the
-        parallel decoding map, so that only the reading itself is sequential."""
+        """``(serialized, key)`` -> ``(encoded image, label, key)``: each record parsed on the
+        rank's decoding threads (a serial parse held decoding back until it had read 1,024 records)."""
         parsed = tf.io.parse_single_example(serialized, self.features)
         return parsed[self.image_key], parsed[self.label_key], key
 

@@ -64,17 +64,16 @@ def batches(data: DataConfig, split: str, batch_size: int, threads: int, seed: i
 
 def measure(data, limit: int, explain=None) -> tuple:
     """``(images read, seconds)``: ``data``'s batches from the start (filling the pipeline is
-    decoding work too), stopping after ``limit`` images (0: the whole split). Batches decoded
-    ahead but not yet taken are not counted: a figure errs low, never high.
+    decoding work too; the clock starts once the iterator is built), stopping after ``limit``
+    images (0: the whole split). Batches decoded ahead but not yet taken are not counted: a
+    figure errs low, never high.
 
     Raises:
         HvdtrainError: ``explain(error, batches read)`` for a read that failed (with ``explain``).
     """
     count, read = 0, 0
     try:
-        # The iterator, built first, has instantiated the functions but read nothing: tf.data's
-        # stages start their threads, and the shuffle buffer fills, at the first batch asked for.
-        batches = iter(data)
+        batches = iter(data)  # built off the clock: it reads nothing until the first batch is asked for
         start = time.perf_counter()
         for images, _ in batches:
             count, read = count + int(images.shape[0]), read + 1

@@ -1,12 +1,14 @@
 """TFRecord shards in one process (hvdtrain.data.tfrecord): exact shards for any world size, resume
-mid-epoch, the cached index, and errors naming the file and record."""
+mid-epoch, parallel readers in one reader's order, the cached index, and errors naming the file and record."""
 import json
+import re
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
 from hvdtrain.data import tfrecord
+from hvdtrain.data.sharding import ShardPlan
 from hvdtrain.errors import HvdtrainError
 from hvdtrain.tools import make_tfrecords
 from tests.helpers.streams import epoch_of, open_records, write_records
@@ -52,21 +54,71 @@ def test_tfrecord_resume_mid_epoch_continues_the_same_stream(tmp_path):
         epoch_of(dataset, 2, 2, epoch=1, first_step=1, first_example=5)
 
 
-def test_tfrecord_readers_in_parallel_keep_the_order_of_one(tmp_path):
-    """A rank with more cores reads its files with more threads (up to FILES_AT_ONCE): the same
-    records in the same order, for training and evaluation, as one thread reads them."""
+def interleaved(segments, cycle):
+    """tf.data's interleave (block length 1) of ``(file, skip, take)`` segments' keys, in Python:
+    a slot whose file ends is refilled with the next segment when the cycle comes back to it."""
+    inputs = iter([[(f << 32) + skip + i for i in range(take)] for f, skip, take in segments])
+    slots, keys, index, exhausted = [None] * cycle, [], 0, False
+    while not exhausted or any(slot is not None for slot in slots):
+        if slots[index] is not None:
+            key = next(slots[index], None)
+            if key is not None:
+                keys.append(key)
+            else:
+                slots[index] = None
+            index = (index + 1) % cycle
+        elif not exhausted:
+            segment = next(inputs, None)
+            exhausted = segment is None
+            slots[index] = None if exhausted else iter(segment)
+        else:
+            index = (index + 1) % cycle
+    return keys
+
+
+def test_tfrecord_parallel_readers_keep_the_interleave_order(tmp_path):
+    """Up to FILES_AT_ONCE readers, one per thread, give the keys in the order of one reader:
+    tf.data's interleave of the segments, which exact resume relies on."""
+    write_records(tmp_path, [5, 9, 3, 8, 6, 4])
+    write_records(tmp_path, [2], prefix="test")
+    split = open_records(tmp_path).train
+    segments = [(0, 1, 4), (1, 0, 9), (2, 0, 3), (3, 2, 6), (4, 0, 6), (5, 0, 1)]
+    expected = interleaved(segments, tfrecord.FILES_AT_ONCE)
+    assert expected != sorted(expected)
+    for threads in (1, 2, 4, 8):
+        records = split._read(segments, tfrecord.FILES_AT_ONCE, threads)
+        assert ("Parallel" in type(records).__name__) == (threads > 1), (threads, type(records).__name__)
+        assert [int(key) for _, key in records] == expected, threads
+
+
+def test_tfrecord_training_batches_are_alike_on_any_number_of_threads(tmp_path):
     write_records(tmp_path, [5, 9, 3, 8, 6])
     write_records(tmp_path, [4, 7], prefix="test")
     dataset = open_records(tmp_path)
     plan = epoch_of(dataset, 2, 3, epoch=0)[1][1]
+    batches = [[x.numpy()[:, 0, 0, 0].tolist() for x, _ in dataset.train_batches(plan, 1, threads=threads)[0]]
+               for threads in (1, 2, 4)]
+    assert batches[0] == batches[1] == batches[2]
+    assert list(map(len, batches[0])) == dataset.train_batches(plan, 1)[1]
 
-    def values(batches):
-        return [x.numpy()[:, 0, 0, 0].tolist() for x, _ in batches]
 
-    trains = [values(dataset.train_batches(plan, 1, threads=threads)[0]) for threads in (1, 2, 4)]
-    tests = [values(dataset.test_batches(2, 1, 3, threads=threads)) for threads in (1, 2, 4)]
-    assert trains[0] == trains[1] == trains[2] and list(map(len, trains[0])) == dataset.train_batches(plan, 1)[1]
-    assert tests[0] == tests[1] == tests[2] == [[5, 6, 7], [8, 9, 10]]  # rank 1 of 2: records 6-11 of 11
+def test_tfrecord_an_image_that_does_not_decode_is_named_by_its_file_and_record(tmp_path):
+    """Read by two threads, parsed and decoded in parallel: the failed step names the record."""
+    write_records(tmp_path, [6])
+    write_records(tmp_path, [2], prefix="test")
+    with tf.io.TFRecordWriter(str(tmp_path / "train-00001")) as writer:
+        for i in range(6):
+            image = b"\xff\xd8\xff\xe0 truncated" if i == 3 else tf.io.encode_png(np.zeros((4, 4, 1), np.uint8)).numpy()
+            writer.write(make_tfrecords._example(tf, image, i % 3, "c", f"{i}.png").SerializeToString())
+    dataset = open_records(tmp_path)
+    plan = ShardPlan(dataset.num_train, 3, 1, 0, seed=3)
+    read = 0
+    with pytest.raises(tf.errors.OpError) as failure:
+        for _ in dataset.train_batches(plan, 0, threads=2)[0]:
+            read += 1
+    error = dataset.failed_step(failure.value, plan, 0, read, 0)
+    assert re.fullmatch(rf"{tmp_path}/train-00001: record 4 \(1-based\): .+ \(epoch 1, step {read + 1}\)",
+                        str(error)), str(error)
 
 
 def test_tfrecord_index_is_cached_and_rebuilt_when_a_file_changes(tmp_path):
