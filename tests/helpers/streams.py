@@ -14,15 +14,17 @@ from hvdtrain.tools import make_tfrecords
 from hvdtrain.tools.make_image_folder import write_image_folder
 
 
-def write_records(directory, counts, prefix="train", label_of=lambda i: i % 3, shape=(4, 4, 1)):
+def write_records(directory, counts, prefix="train", label_of=lambda i: i % 3, shape=(4, 4, 1), broken=()):
     """TFRecord files ``<prefix>-<k>`` of ``counts[k]`` records; record ``i`` overall has a PNG of
-    value ``i % 256`` and label ``label_of(i)``. Returns the paths."""
+    value ``i % 256`` and label ``label_of(i)``, or where ``i`` is in ``broken``, bytes that are
+    no image (a truncated JPEG). Returns the paths."""
     paths, i = [], 0
     for k, n in enumerate(counts):
         path = os.path.join(directory, f"{prefix}-{k:05d}")
         with tf.io.TFRecordWriter(path) as writer:
             for _ in range(n):
-                png = tf.io.encode_png(np.full(shape, i % 256, np.uint8)).numpy()
+                png = (b"\xff\xd8\xff\xe0 truncated" if i in broken
+                       else tf.io.encode_png(np.full(shape, i % 256, np.uint8)).numpy())
                 writer.write(make_tfrecords._example(tf, png, label_of(i), "c", f"{i}.png").SerializeToString())
                 i += 1
         paths.append(path)
