@@ -347,7 +347,8 @@ def test_imagenet_input_against_the_reference(tmp_path):
         if "hvdtrain img/s, 2 cores" in r:  # a machine with 2 or more cores
             assert close(number(r["hvdtrain img/s, 2 cores"]) / (2 * one), number(r["2-core / (2 x 1-core)"]),
                          rel=0.01, abs_=0.006)
-            assert 0 < number(r["reference's 2-core / (2 x 1-core)"]) < 1.5
+            # No upper bound: on 64 images one noisy 1-core round can put the reference anywhere above 1.
+            assert number(r["reference's 2-core / (2 x 1-core)"]) > 0
     plain, antialiased = resize
     assert plain["resize"] == "bilinear (hvdtrain)"
     assert plain["training view img/s, 1 core (folder)"] == speed[0]["hvdtrain img/s, 1 core"]
