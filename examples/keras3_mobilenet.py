@@ -15,7 +15,8 @@ import hvdtrain
 from hvdtrain.data.in_memory import load_idx_dir
 
 p = argparse.ArgumentParser()
-p.add_argument("--train", type=int, default=20000)
+p.add_argument("--train", type=int, default=20000, help="training images (of 60,000)")
+p.add_argument("--test", type=int, default=10000, help="test images (of 10,000)")
 p.add_argument("--epochs", type=int, default=3)
 p.add_argument("--log-dir", default=None)
 a = p.parse_args()
@@ -38,7 +39,8 @@ def rgb32(images):
 
 hvdtrain.init_distributed()  # first: each rank pins its own GPU before TensorFlow starts (AdamW below starts it)
 fashion = load_idx_dir("/usr/share/datasets/fashion-mnist")
-data = (rgb32(fashion.x_train[:a.train]), fashion.y_train[:a.train], rgb32(fashion.x_test), fashion.y_test)
+data = (rgb32(fashion.x_train[:a.train]), fashion.y_train[:a.train], rgb32(fashion.x_test[:a.test]),
+        fashion.y_test[:a.test])
 result = hvdtrain.fit(build, data, loss="sparse_categorical_crossentropy", metrics=["accuracy"],
                       optimizer=keras.optimizers.AdamW(2e-3, weight_decay=1e-4),
                       callbacks=[keras.callbacks.EarlyStopping(monitor="val_accuracy", patience=2,

@@ -32,8 +32,8 @@ def test_custom_task_example_trains_a_model_function_with_a_callable_metric_at_t
 def test_keras3_example_trains_keras_3s_mobilenet_v2_at_two_ranks(tmp_path):
     """README's Keras 3 quick start as a script: `import keras`, keras.applications' MobileNetV2
     converted, the user's AdamW and a Keras 3 EarlyStopping."""
-    result = run_ranks(2, ["examples/keras3_mobilenet.py", "--train", "3000", "--epochs", "2", "--log-dir",
-                           str(tmp_path)], timeout=600)
+    result = run_ranks(2, ["examples/keras3_mobilenet.py", "--train", "3000", "--test", "1000", "--epochs", "2",
+                           "--log-dir", str(tmp_path)], timeout=600)
     assert "model: build (user model)" in result.stdout and "Keras BatchNormalization" not in result.stderr
     history = logged(tmp_path)
     assert [e["world_size"] for e in history] == [2, 2] and history[-1]["train_loss"] < history[0]["train_loss"]

@@ -370,3 +370,14 @@ def test_keras3_against_keras2_and_mirrored_strategy(tmp_path):
     assert hvd["Keras 3 seed CNN, sync BN, 2 cores"] == "hvdtrain, np=2"
     ratio = float(re.search(r"hvdtrain / MirroredStrategy = ([\d.]+)", out).group(1))
     assert close(number(hvd["median img/s"]) / number(strategy["median img/s"]), ratio, rel=0.01, abs_=0.006)
+
+
+def test_chained_allreduce_latency_by_thread_placement(tmp_path):
+    out = script("chained_allreduce.py", "--chain", "10", "--steps", "2", "--rounds", "1", tmp_path=tmp_path)
+    (table,) = tables(out)
+    assert [r["job (np=2, one core per rank)"].split(",")[0] for r in table] == ["Gloo", "Gloo", "MPI (hvdtrain)"]
+    ours = number(table[0]["ms per allreduce (median of rounds)"])
+    for r in table:
+        ms = number(r["ms per allreduce (median of rounds)"])
+        assert ms > 0 and r["min - max"] == f"{r['ms per allreduce (median of rounds)']} - {r['ms per allreduce (median of rounds)']}"
+        assert close(ms / ours, number(r["/ hvdtrain's Gloo"]), rel=0.01, abs_=0.006)

@@ -100,7 +100,8 @@ class DistContext:
         device: TensorFlow device this rank computes on: ``"/GPU:0"`` (its own GPU, the only one
             it sees) or ``"/CPU:0"``.
         cpu_cores: the CPU cores every thread of this process is pinned to
-            (:func:`hvdtrain.runtime.placement.cpu_shares`).
+            (:func:`hvdtrain.runtime.placement.cpu_shares`), but Horovod's under Gloo, which keep
+            the cores the process was launched on.
         intra_op_threads: TensorFlow intra-op thread-pool size.
         elastic_startup: an elastic worker starting up, before its first state sync: it may
             start alone while the others wait in that sync, so :meth:`agree` runs no collective.
@@ -108,7 +109,7 @@ class DistContext:
         horovod_threads: ids of the threads ``hvd.init`` started in this process (Horovod's
             background loop, MPI's or Gloo's helpers), for diagnostics such as
             ``benchmarks/thread_time.py``. Not updated after an elastic reset, when Horovod
-            restarts its threads.
+            restarts its threads (from the pinned main thread: on the rank's cores).
     """
 
     rank: int
@@ -375,11 +376,17 @@ def init_distributed(threads: int = 0, use_gpu: bool = True, stall_timeout: floa
             f"threads per rank for its {len(cores)} core(s) (they share them); call hvdtrain.init_distributed() "
             f"first in your script for a pool of the rank's size", sys.stderr)
     if len(cores) < len(own):
-        # Every thread of the rank is confined to its share, Horovod's background loop included,
-        # so no rank computes or polls on another rank's cores. A user's HOROVOD_THREAD_AFFINITY
-        # makes Horovod place its background thread: leave it there. MPI's helpers, started
-        # before Horovod places it, keep the process's cores and are pinned with the rest.
-        placement.pin_threads(cores, skip=placement.placed_elsewhere(horovod_threads))
+        # Every thread of the rank is confined to its share, so no rank computes or polls on another
+        # rank's cores; under MPI, Horovod's background loop too (it busy-polls). Under Gloo,
+        # Horovod's threads (its loop, Gloo's transport) sleep in the kernel between messages and
+        # keep the cores the rank was launched on: confined to the compute's core, each hand-off
+        # of a collective waited for the scheduler (benchmarks/HISTORY.md: a chained allreduce
+        # 4-5 ms instead of 0.6, MobileNetV2's synchronized BatchNorm 5x slower). A user's
+        # HOROVOD_THREAD_AFFINITY makes Horovod place its background thread: leave it there.
+        # MPI's helpers, started before Horovod places it, keep the process's cores and are
+        # pinned with the rest.
+        left = set(horovod_threads) if hvd.gloo_enabled() else placement.placed_elsewhere(horovod_threads)
+        placement.pin_threads(cores, skip=left)
 
     ctx = DistContext(
         rank=rank,

@@ -5,7 +5,8 @@ cores; a rank its launcher bound to CPUs of its own keeps them; ranks whose bind
 disjoint parts of them where that is possible (:func:`cpu_shares`). Every rank computes the whole
 machine's assignment from every rank's binding and topology (one allgather,
 :func:`agreed_cpu_share`), so the ranks agree without further messages. :func:`pin_threads` then
-confines every thread of the process, those Horovod started included, to the rank's share.
+confines every thread of the process to the rank's share, those Horovod started included under MPI
+(under Gloo they wait in the kernel, and keep the launch's cores: ``hvdtrain.runtime.dist``).
 
 Pure functions of bindings and topologies, except where a docstring names the process or Horovod,
 and :func:`machine_slot`, an elastic worker's slot (its GPU, its CPU slice) on the machine.

@@ -5,8 +5,8 @@
 trains the model for ``--steps`` steps three times from the same initial weights on the same
 global batches, with the run's loss and a plain SGD of the same effective learning rate: at world
 size ``--np`` (local batch ``--batch-size``, under ``horovodrun --gloo`` on this host), as one
-process (local batch ``np x --batch-size``), and as that process with each batch's examples in
-reverse order. The third run measures the model's own float32 rounding noise: the same
+process (local batch ``np x --batch-size``), and, in that process again from the initial weights,
+with each batch's examples in reverse order. The third run measures the model's own float32 rounding noise: the same
 arithmetic summed in another order. Each variable's difference ``|w_N - w_1|`` (L2 norm) after
 the first step is compared with that noise and with the variable's update ``|w_1 - w_0|``; a
 variable differs if its difference exceeds all of 10x the noise (at most 0.1 of its update: more
@@ -60,13 +60,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="convert the model's Keras BatchNormalization layers to synchronized ones first")
     p.add_argument("--keras", type=int, choices=(2, 3), default=0,
                    help="the Keras of a built-in model (default: TensorFlow's); a --model function's brings its own")
-    p.add_argument("--worker", default=None, help=argparse.SUPPRESS)  # OUT.npz: run as a rank
-    p.add_argument("--reverse", action="store_true", help=argparse.SUPPRESS)  # each batch's examples reversed
+    p.add_argument("--worker", default=None, help=argparse.SUPPRESS)  # OUT: run as a rank, write OUT.<order>.npz
     return p
 
 
 def worker(a) -> None:
-    """One rank (or the one process): train ``a.steps`` steps and save the variables to ``a.worker``."""
+    """One rank (or the one process): train ``a.steps`` steps and save the variables to
+    ``<a.worker>.forward.npz``; the one process then trains again from the same initial weights
+    with each batch's examples reversed (``<a.worker>.reversed.npz``), reusing its model and traced
+    step."""
     from hvdtrain.runtime.dist import init_distributed
 
     ctx = init_distributed(threads=1)
@@ -99,19 +101,23 @@ def worker(a) -> None:
                                    kerases.module(kerases.version_of(model)))
     broadcast_state(ctx, model, optimizer)
     trainer = Trainer(ctx, model, optimizer, dataset, plan, objective=objective)
-    snapshots = {f"0:{i}:{_name(v)}": v.numpy() for i, v in enumerate(model.variables)}
-    for step, indices, global_count in plan.epoch(0):
-        if step == a.steps:
-            break
-        # The same examples summed in another order: the float32 rounding noise of this model.
-        trainer.train_step(indices[::-1] if a.reverse else indices, np.float32(global_count))
-        if step + 1 in (1, a.steps):
-            snapshots.update({f"{step + 1}:{i}:{_name(v)}": v.numpy() for i, v in enumerate(model.variables)})
-    if ctx.rank == 0:
-        from hvdtrain.model.convert import keras_batch_norm_layers
+    initial = [v.numpy() for v in model.variables + list(optimizer.variables)]
+    # The same examples summed in another order: the float32 rounding noise of this model.
+    for order in ("forward", "reversed") if ctx.size == 1 else ("forward",):
+        for variable, value in zip(model.variables + list(optimizer.variables), initial):
+            variable.assign(value)
+        snapshots = {f"0:{i}:{_name(v)}": v.numpy() for i, v in enumerate(model.variables)}
+        for step, indices, global_count in plan.epoch(0):
+            if step == a.steps:
+                break
+            trainer.train_step(indices[::-1] if order == "reversed" else indices, np.float32(global_count))
+            if step + 1 in (1, a.steps):
+                snapshots.update({f"{step + 1}:{i}:{_name(v)}": v.numpy() for i, v in enumerate(model.variables)})
+        if ctx.rank == 0:
+            from hvdtrain.model.convert import keras_batch_norm_layers
 
-        np.savez(a.worker, keras_bn=np.array([layer.name for layer in keras_batch_norm_layers(model)], dtype=str),
-                 **snapshots)
+            np.savez(f"{a.worker}.{order}.npz", **snapshots,
+                     keras_bn=np.array([layer.name for layer in keras_batch_norm_layers(model)], dtype=str))
     ctx.close()
 
 
@@ -187,12 +193,11 @@ def main(argv=None) -> int:
         say("hvdtrain verify: error: --np must be >= 2, --batch-size and --steps >= 1, --tolerance > 0", sys.stderr)
         return 2
     args = [arg for arg in (argv if argv is not None else sys.argv[1:])]
-    runs = {"ranks": (a.np, []), "single": (1, []), "reversed": (1, ["--reverse"])}
     outputs = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for run, (world_size, extra) in runs.items():
-            out = os.path.join(tmp, f"{run}.npz")
-            python = [sys.executable, "-m", "hvdtrain.tools.verify", *args, *extra, "--worker", out]
+        for run, world_size in (("ranks", a.np), ("single", 1)):
+            out = os.path.join(tmp, run)
+            python = [sys.executable, "-m", "hvdtrain.tools.verify", *args, "--worker", out]
             command = python if world_size == 1 else [
                 sys.executable, "-m", "horovod.runner.launch", "-np", str(world_size), "-H", f"localhost:{world_size}",
                 "--gloo", *python]
@@ -203,8 +208,9 @@ def main(argv=None) -> int:
                 say(f"hvdtrain verify: error: the run at world size {world_size} failed: "
                     + failure(done.stdout + done.stderr), sys.stderr)
                 return 2
-            with np.load(out) as saved:
-                outputs[run] = dict(saved)
+            for order in ("forward", "reversed") if world_size == 1 else ("forward",):
+                with np.load(f"{out}.{order}.npz") as saved:
+                    outputs[run if order == "forward" else order] = dict(saved)
     say(f"{a.steps} steps of {a.model}: world size {a.np} (local batch {a.batch_size}) against one process (batch "
         f"{a.np * a.batch_size}); rounding noise: that process with each batch's examples in reverse order")
     verdicts = {}

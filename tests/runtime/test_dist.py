@@ -1,4 +1,5 @@
-"""hvdtrain.runtime.dist with real ranks: every thread of a rank stays on the rank's own cores, and
+"""hvdtrain.runtime.dist with real ranks: every thread of a rank stays on the rank's own cores (but
+Horovod's under Gloo), and
 Horovod's threads yield the CPU to the compute where that was measured to help (world size 1,
 MPI) and keep their priority under Gloo."""
 import functools
@@ -38,15 +39,26 @@ def test_horovod_threads_yield_to_compute(np_, launcher, yields):
             assert r["horovod_threads"] == r["nice19"], r
 
 
-@pytest.mark.parametrize("launcher", ["mpirun", "gloo"])
-def test_every_thread_of_a_rank_stays_on_its_own_cores(launcher):
+def test_every_thread_of_a_rank_stays_on_its_own_cores_under_mpi():
     """Horovod's and MPI's threads, started by hvd.init before the rank pins itself, are pinned too:
-    none of them runs on another rank's cores."""
+    none of them busy-polls on another rank's cores."""
     if len(os.sched_getaffinity(0)) < 2:
         pytest.skip("needs 2 cores to give each of 2 ranks its own")
-    ranks = _placements(2, launcher)
+    ranks = _placements(2, "mpirun")
     for r in ranks:
         assert r["thread_cores"] == r["cores"], r
+    assert not set(ranks[0]["cores"]) & set(ranks[1]["cores"]), ranks
+
+
+def test_under_gloo_only_horovods_threads_keep_the_launch_cores():
+    """Under Gloo every thread but Horovod's (which sleep between messages) stays on the rank's
+    cores; Horovod's keep the cores the rank was launched on, here all of this machine's."""
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs 2 cores to give each of 2 ranks its own")
+    ranks = _placements(2, "gloo")
+    for r in ranks:
+        assert r["other_cores"] == r["cores"], r
+        assert r["horovod_threads"] > 0 and r["horovod_cores"] == sorted(os.sched_getaffinity(0)), r
     assert not set(ranks[0]["cores"]) & set(ranks[1]["cores"]), ranks
 
 
