@@ -75,10 +75,10 @@ def main() -> None:
         for name, transport, pin in (JOBS if r % 2 == 0 else JOBS[::-1]):
             args = ["--chain", str(a.chain), "--steps", str(a.steps), *(["--pin-horovod"] if pin else [])]
             ms[name].append(common.run_job(2, os.path.abspath(__file__), args, transport, cores)["ms"])
-    ours = statistics.median(ms[JOBS[0][0]])
+    ours = ms[JOBS[0][0]]
     common.print_table(
         ["job (np=2, one core per rank)", "ms per allreduce (median of rounds)", "min - max", "/ hvdtrain's Gloo"],
-        [[name, f"{statistics.median(v):.3f}", f"{min(v):.3f} - {max(v):.3f}", f"{statistics.median(v) / ours:.2f}"]
+        [[name, f"{statistics.median(v):.3f}", f"{min(v):.3f} - {max(v):.3f}", f"{common.median_ratio(v, ours):.2f}"]
          for name, v in ms.items()],
         f"{a.chain} chained allreduces of 33 float64 values in one tf.function, {a.rounds} round(s)")
 

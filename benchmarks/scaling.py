@@ -11,7 +11,7 @@ that. ``--repeats`` runs of every np alternate (1, 2, ..., N, 1, 2, ...); each n
 run. Scaling efficiency = total(np) / (np * total(1)), computed within each repeat (so both runs
 saw the same spell of the shared machine) and reported as the median over repeats with its range.
 On CPU the job of np ranks is confined to np cores, one per rank (hvdtrain pins each rank to its
-share), so every np gets the same compute per rank. Each repeat of np > 1 on CPU also runs np copies
+share; under Gloo, Horovod's threads run on any of the np), so every np gets the same compute per rank. Each repeat of np > 1 on CPU also runs np copies
 of the np=1 job at the same time, each on its own share of the cores, timed over the same span,
 with no communication at all: their total over np times one job's is the *ceiling*, the scaling
 this machine allows jobs that share nothing but the hardware (caches, memory bandwidth, the

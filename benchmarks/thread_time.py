@@ -3,8 +3,9 @@
     .venv/bin/python benchmarks/thread_time.py                 # seed CNN, per-rank BN, MPI
     .venv/bin/python benchmarks/thread_time.py --sync-bn       # with hvdtrain's SyncBatchNormalization
 
-On CPU each rank has one core, so its step time is the CPU time of all its threads together
-whenever the core never idles. This script reads each thread's Linux scheduler statistics
+On CPU each rank has one core (under MPI, every thread of it; under Gloo, Horovod's threads keep
+the launch's cores), so its step time is the CPU time of all its threads together whenever the
+core never idles. This script reads each thread's Linux scheduler statistics
 (``/proc/self/task/<tid>/schedstat``: nanoseconds run and nanoseconds waited runnable on the run
 queue) around timed steps, in three groups:
 

@@ -269,4 +269,4 @@ class ElasticJob:
         from horovod.runner.elastic.driver import ELASTIC_TIMEOUT_SECS
 
         self.watchdog.pause("an elastic reset", float(os.environ.get("HOROVOD_ELASTIC_TIMEOUT", ELASTIC_TIMEOUT_SECS)))
-        dist.restart_horovod()
+        dist.restart_horovod(self.ctx)

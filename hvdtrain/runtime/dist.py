@@ -78,13 +78,16 @@ def tf_variable(variable):
     return variable if isinstance(variable, tf.Variable) else getattr(variable, "value", variable)
 
 
-def restart_horovod() -> None:
+def restart_horovod(ctx: "DistContext") -> None:
     """Shut Horovod down and start it again with the workers its elastic driver has now (an
-    elastic reset); :meth:`DistContext.refreshed` then tells who this process is."""
+    elastic reset); :meth:`DistContext.refreshed` then tells who this process is. Horovod's new
+    threads start on ``ctx.launch_cores``, as at start-up under Gloo (:func:`init_distributed`),
+    not on the rank's cores that the calling thread is pinned to."""
     import horovod.tensorflow as hvd
 
     hvd.shutdown()
-    hvd.init()
+    with placement.threads_started_on(ctx.launch_cores or ctx.cpu_cores):
+        hvd.init()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,7 +104,7 @@ class DistContext:
             it sees) or ``"/CPU:0"``.
         cpu_cores: the CPU cores every thread of this process is pinned to
             (:func:`hvdtrain.runtime.placement.cpu_shares`), but Horovod's under Gloo, which keep
-            the cores the process was launched on.
+            ``launch_cores``.
         intra_op_threads: TensorFlow intra-op thread-pool size.
         elastic_startup: an elastic worker starting up, before its first state sync: it may
             start alone while the others wait in that sync, so :meth:`agree` runs no collective.
@@ -109,7 +112,8 @@ class DistContext:
         horovod_threads: ids of the threads ``hvd.init`` started in this process (Horovod's
             background loop, MPI's or Gloo's helpers), for diagnostics such as
             ``benchmarks/thread_time.py``. Not updated after an elastic reset, when Horovod
-            restarts its threads (from the pinned main thread: on the rank's cores).
+            restarts its threads (on ``launch_cores``: :func:`restart_horovod`).
+        launch_cores: the CPU cores the process was launched on (its affinity at start-up).
     """
 
     rank: int
@@ -122,6 +126,7 @@ class DistContext:
     intra_op_threads: int
     elastic_startup: bool = False
     horovod_threads: frozenset = frozenset()
+    launch_cores: tuple = ()
 
     @property
     def is_chief(self) -> bool:
@@ -376,15 +381,16 @@ def init_distributed(threads: int = 0, use_gpu: bool = True, stall_timeout: floa
             f"threads per rank for its {len(cores)} core(s) (they share them); call hvdtrain.init_distributed() "
             f"first in your script for a pool of the rank's size", sys.stderr)
     if len(cores) < len(own):
-        # Every thread of the rank is confined to its share, so no rank computes or polls on another
-        # rank's cores; under MPI, Horovod's background loop too (it busy-polls). Under Gloo,
-        # Horovod's threads (its loop, Gloo's transport) sleep in the kernel between messages and
-        # keep the cores the rank was launched on: confined to the compute's core, each hand-off
-        # of a collective waited for the scheduler (benchmarks/HISTORY.md: a chained allreduce
-        # 4-5 ms instead of 0.6, MobileNetV2's synchronized BatchNorm 5x slower). A user's
-        # HOROVOD_THREAD_AFFINITY makes Horovod place its background thread: leave it there.
-        # MPI's helpers, started before Horovod places it, keep the process's cores and are
-        # pinned with the rest.
+        # The rank's threads are confined to its share, so that no rank computes on another's
+        # cores; under MPI, Horovod's background loop too, since it busy-polls. Under Gloo,
+        # Horovod's threads (its loop, Gloo's transport) keep the cores the rank was launched on:
+        # they wait in the kernel between a collective's messages, and confined to the compute's
+        # core each hand-off waited for the scheduler (np=2 on 2 cores: a chained allreduce
+        # 4.7 ms instead of 0.65, MobileNetV2's synchronized BatchNorm 5x slower; benchmarks/
+        # chained_allreduce.py). The reductions they run are small; the cycle's wake-ups cheap.
+        # Under MPI, a user's HOROVOD_THREAD_AFFINITY makes Horovod place its background thread:
+        # leave it there. MPI's helpers, started before Horovod places it, keep the process's
+        # cores and are pinned with the rest.
         left = set(horovod_threads) if hvd.gloo_enabled() else placement.placed_elsewhere(horovod_threads)
         placement.pin_threads(cores, skip=left)
 
@@ -396,6 +402,7 @@ def init_distributed(threads: int = 0, use_gpu: bool = True, stall_timeout: floa
         cross_size=hvd.cross_size(),
         device=device,
         cpu_cores=cores,
+        launch_cores=tuple(sorted(own)),
         intra_op_threads=intra,
         elastic_startup=elastic,
         horovod_threads=frozenset(horovod_threads),

@@ -13,6 +13,7 @@ and :func:`machine_slot`, an elastic worker's slot (its GPU, its CPU slice) on t
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import sys
@@ -341,6 +342,18 @@ def pin_threads(cores, skip=()) -> None:
             os.sched_setaffinity(tid, cores)
         except ProcessLookupError:  # the thread has exited meanwhile
             pass
+
+
+@contextlib.contextmanager
+def threads_started_on(cores):
+    """Threads the calling thread starts inside the block may run on ``cores`` (a new thread
+    inherits its starter's affinity); the calling thread's own affinity is restored after."""
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, cores)
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
 
 
 def yield_to_compute(thread_ids, nice: int = 19) -> None:

@@ -6,8 +6,9 @@ trains the model for ``--steps`` steps three times from the same initial weights
 global batches, with the run's loss and a plain SGD of the same effective learning rate: at world
 size ``--np`` (local batch ``--batch-size``, under ``horovodrun --gloo`` on this host), as one
 process (local batch ``np x --batch-size``), and, in that process again from the initial weights,
-with each batch's examples in reverse order. The third run measures the model's own float32 rounding noise: the same
-arithmetic summed in another order. Each variable's difference ``|w_N - w_1|`` (L2 norm) after
+with each batch's examples in reverse order. The third run measures the model's own float32
+rounding noise: the same arithmetic summed in another order (a model random per example, such as
+dropout, draws other masks in it too). Each variable's difference ``|w_N - w_1|`` (L2 norm) after
 the first step is compared with that noise and with the variable's update ``|w_1 - w_0|``; a
 variable differs if its difference exceeds all of 10x the noise (at most 0.1 of its update: more
 "noise" is a model random per example, such as dropout, not rounding), ``--tolerance`` (1e-3) of
@@ -104,7 +105,7 @@ def worker(a) -> None:
     initial = [v.numpy() for v in model.variables + list(optimizer.variables)]
     # The same examples summed in another order: the float32 rounding noise of this model.
     for order in ("forward", "reversed") if ctx.size == 1 else ("forward",):
-        for variable, value in zip(model.variables + list(optimizer.variables), initial):
+        for variable, value in zip(model.variables + list(optimizer.variables), initial, strict=True):
             variable.assign(value)
         snapshots = {f"0:{i}:{_name(v)}": v.numpy() for i, v in enumerate(model.variables)}
         for step, indices, global_count in plan.epoch(0):

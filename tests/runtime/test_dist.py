@@ -1,7 +1,7 @@
-"""hvdtrain.runtime.dist with real ranks: every thread of a rank stays on the rank's own cores (but
-Horovod's under Gloo), and
-Horovod's threads yield the CPU to the compute where that was measured to help (world size 1,
-MPI) and keep their priority under Gloo."""
+"""hvdtrain.runtime.dist with real ranks: every thread of a rank stays on the rank's own cores
+(Horovod's under MPI too; under Gloo they keep the launch's), and Horovod's threads yield the CPU
+to the compute where that was measured to help (world size 1, MPI) and keep their priority under
+Gloo."""
 import functools
 import json
 import os

@@ -1,7 +1,10 @@
 """hvdtrain.runtime.placement: each rank's share of the CPU cores, from the ranks' bindings."""
+import os
+import threading
+
 import pytest
 
-from hvdtrain.runtime.placement import agreed_cpu_share, cpu_shares, expected_share
+from hvdtrain.runtime.placement import agreed_cpu_share, cpu_shares, expected_share, threads_started_on
 
 
 def _flat(*bindings) -> dict:
@@ -125,3 +128,16 @@ def test_a_rank_alone_keeps_its_cpus_without_a_collective():
 ])
 def test_expected_share_before_the_ranks_compare_bindings(own, launch, local_size, expected):
     assert expected_share(set(own), set(launch), local_size) == expected
+
+
+def test_threads_started_in_the_block_run_on_its_cores_and_the_caller_is_restored():
+    """As an elastic reset restarts Horovod: its new threads on the launch's cores, the caller
+    (pinned to the rank's) back on its own after."""
+    before = os.sched_getaffinity(0)
+    target = {min(before)}
+    seen = []
+    with threads_started_on(target):
+        thread = threading.Thread(target=lambda: seen.append(os.sched_getaffinity(0)))
+        thread.start()
+        thread.join()
+    assert seen == [target] and os.sched_getaffinity(0) == before
