@@ -35,17 +35,20 @@ def _weights(log_dir):
 
 
 @pytest.fixture(scope="module")
-def fashion_folder(tmp_path_factory):
+def fashion_1500(tmp_path_factory):
+    """1,500 Fashion-MNIST training images (300 test) as an image folder and as an NPZ file."""
     d = load_idx_dir(DEFAULT_DATA_DIR)
-    root = tmp_path_factory.mktemp("folder")
-    return str(write_image_folder(str(root / "images"), d.x_train[:1500], d.y_train[:1500], d.x_test[:300],
-                                  d.y_test[:300], fmt="png"))
+    root = tmp_path_factory.mktemp("fashion")
+    x, y, xt, yt = d.x_train[:1500], d.y_train[:1500], d.x_test[:300], d.y_test[:300]
+    np.savez(root / "data.npz", x_train=x, y_train=y, x_test=xt, y_test=yt)
+    return {"folder": str(write_image_folder(str(root / "images"), x, y, xt, yt, fmt="png")),
+            "npz": str(root / "data.npz")}
 
 
 @pytest.mark.parametrize("kind", ["in memory", "streamed"])
-def test_the_same_command_twice_at_three_ranks_is_bit_identical(tmp_path, kind, fashion_folder):
-    data = (["--dataset", "synthetic"] if kind == "in memory" else
-            ["--dataset", "folder", "--data-dir", fashion_folder, "--augment", "flip"])
+def test_the_same_command_twice_at_three_ranks_is_bit_identical(tmp_path, kind, fashion_1500):
+    data = (["--dataset", "npz", "--data-dir", fashion_1500["npz"]] if kind == "in memory" else
+            ["--dataset", "folder", "--data-dir", fashion_1500["folder"], "--augment", "flip"])
     first, second = _run(tmp_path, "first", data), _run(tmp_path, "second", data)
     assert _metrics(first) == _metrics(second)
     ours, theirs = _weights(first), _weights(second)
