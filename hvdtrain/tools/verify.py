@@ -65,6 +65,11 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def orders(world_size: int) -> tuple:
+    """The batch orders a run of ``world_size`` trains in: the one process also trains reversed."""
+    return ("forward", "reversed") if world_size == 1 else ("forward",)
+
+
 def worker(a) -> None:
     """One rank (or the one process): train ``a.steps`` steps and save the variables to
     ``<a.worker>.forward.npz``; the one process then trains again from the same initial weights
@@ -102,10 +107,11 @@ def worker(a) -> None:
                                    kerases.module(kerases.version_of(model)))
     broadcast_state(ctx, model, optimizer)
     trainer = Trainer(ctx, model, optimizer, dataset, plan, objective=objective)
-    initial = [v.numpy() for v in model.variables + list(optimizer.variables)]
+    state = model.variables + list(optimizer.variables)
+    initial = [v.numpy() for v in state]
     # The same examples summed in another order: the float32 rounding noise of this model.
-    for order in ("forward", "reversed") if ctx.size == 1 else ("forward",):
-        for variable, value in zip(model.variables + list(optimizer.variables), initial, strict=True):
+    for order in orders(ctx.size):
+        for variable, value in zip(state, initial, strict=True):
             variable.assign(value)
         snapshots = {f"0:{i}:{_name(v)}": v.numpy() for i, v in enumerate(model.variables)}
         for step, indices, global_count in plan.epoch(0):
@@ -209,7 +215,7 @@ def main(argv=None) -> int:
                 say(f"hvdtrain verify: error: the run at world size {world_size} failed: "
                     + failure(done.stdout + done.stderr), sys.stderr)
                 return 2
-            for order in ("forward", "reversed") if world_size == 1 else ("forward",):
+            for order in orders(world_size):
                 with np.load(f"{out}.{order}.npz") as saved:
                     outputs[run if order == "forward" else order] = dict(saved)
     say(f"{a.steps} steps of {a.model}: world size {a.np} (local batch {a.batch_size}) against one process (batch "
