@@ -16,7 +16,7 @@ from hvdtrain import callbacks as cbs
 from hvdtrain import kerases
 from hvdtrain.data.in_memory import Dataset
 from hvdtrain.data.sharding import ShardPlan, eval_shard
-from hvdtrain.data.stream import StreamingDataset
+from hvdtrain.data.stream import StreamingDataset, behind_the_step
 from hvdtrain.errors import EveryRankError, HvdtrainError
 from hvdtrain.losses import sparse_categorical_crossentropy
 from hvdtrain.metrics import Accuracy
@@ -157,7 +157,7 @@ class Trainer:
             return
         batches, sizes = self.stream.train_batches(self.plan, epoch, first, first_example,
                                                    threads=self.ctx.intra_op_threads)
-        iterator = iter(batches)
+        iterator = behind_the_step(batches)
         # Filling a shuffle buffer, or a resumed epoch reading up to where it stopped, is no stall.
         self.watchdog.pause(f"reading the first batch of epoch {epoch + 1}", FIRST_BATCH_MAX_S)
         for step, size in enumerate(sizes, start=first):
@@ -272,8 +272,8 @@ class Trainer:
                 self.watchdog.beat(f"evaluation batch at example {start}")
         else:
             try:
-                for images, labels in self.stream.test_batches(self.ctx.size, self.ctx.rank, self.eval_batch_size,
-                                                               self.ctx.intra_op_threads):
+                for images, labels in behind_the_step(self.stream.test_batches(
+                        self.ctx.size, self.ctx.rank, self.eval_batch_size, self.ctx.intra_op_threads)):
                     sums += self.eval_step(images, labels).numpy()
                     self.watchdog.beat("an evaluation batch")
             except tf.errors.OpError as e:

@@ -8,6 +8,8 @@ shards, or the user's own ``tf.data`` function) with how images become the model
     crop, augment (one thread per core of the rank, deterministic)  ->  local batches of the plan's
     sizes  ->  prefetch (:data:`PREFETCH_BATCHES`)
 
+and the training loop iterates it with its threads behind the step's (:func:`behind_the_step`).
+
 The local batch sizes are the :class:`~hvdtrain.data.sharding.ShardPlan`'s, so every rank runs
 the same steps, each global batch holds the same number of examples as in memory, and every
 example of an epoch is read by exactly one rank. Which examples a rank reads is the split's
@@ -20,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-from typing import List, Sequence, Tuple
+from typing import Iterator, List, Sequence, Tuple
 
 import tensorflow as tf
 
@@ -28,11 +30,16 @@ from hvdtrain.config import CLASSES
 from hvdtrain.data import images
 from hvdtrain.data.sharding import ShardPlan
 from hvdtrain.errors import HvdtrainError
+from hvdtrain.runtime.placement import call_at_nice
 
 
 # Batches decoded ahead of the step: enough to hide the next batch's decoding behind the step, and
 # a fixed memory cost (AUTOTUNE's buffers grow up to a share of the host's RAM).
 PREFETCH_BATCHES = 2
+# The pipeline's threads' nice value: on a rank's busy cores they decode while the step waits (for
+# an allreduce, for its device) instead of delaying it, which delays every rank; on idle cores
+# (a GPU's host) they run as fast as at any priority.
+PIPELINE_NICE = 19
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,6 +126,30 @@ def untuned(data: tf.data.Dataset, threads: int = 0) -> tf.data.Dataset:
     options.threading.private_threadpool_size = rank_threads(threads)
     options.autotune.enabled = False
     return data.with_options(options)
+
+
+def behind_the_step(data: tf.data.Dataset) -> Iterator:
+    """Iterate ``data`` with its pipeline's threads at nice :data:`PIPELINE_NICE`, the calling
+    thread (the step's) at its own.
+
+    tf.data starts its threads (the private pool, the parallel map's and prefetch's) when the
+    iterator is made and its first element asked for: both happen in a thread at that nice value
+    (:func:`hvdtrain.runtime.placement.call_at_nice`), which they inherit.
+
+    Yields:
+        ``data``'s elements, in order.
+
+    Raises:
+        tf.errors.OpError: as iterating ``data`` would.
+    """
+    def start():
+        iterator = iter(data)
+        return iterator, next(iterator, None)  # an element is a tuple, never None
+
+    iterator, first = call_at_nice(PIPELINE_NICE, start)
+    if first is not None:
+        yield first
+        yield from iterator
 
 
 def local_sizes(plan: ShardPlan, rank: int) -> List[int]:

@@ -17,11 +17,13 @@ import contextlib
 import os
 import socket
 import sys
-from typing import Callable, Sequence
+import threading
+from typing import Callable, Sequence, TypeVar
 
 from hvdtrain.errors import HvdtrainError
 from hvdtrain.console import say
 
+T = TypeVar("T")
 
 def machine_id() -> str:
     """This machine's identity, whatever the hostname says: the kernel's boot id (containers on one
@@ -372,6 +374,41 @@ def yield_to_compute(thread_ids, nice: int = 19) -> None:
             os.setpriority(os.PRIO_PROCESS, tid, nice)
         except OSError:
             pass
+
+
+def call_at_nice(nice: int, fn: Callable[[], T]) -> T:
+    """``fn()``, called by a new thread at nice ``nice`` (or the caller's, if lower in priority):
+    every thread ``fn`` starts inherits that priority, and the caller keeps its own.
+
+    On Linux a nice value belongs to a thread, and a new thread inherits its starter's; an
+    unprivileged thread may lower its priority but never raise it again, hence a thread of its own.
+    Best effort: where the priority cannot be set, ``fn`` runs at the caller's.
+
+    Returns:
+        What ``fn`` returns.
+
+    Raises:
+        What ``fn`` raises (re-raised in the caller).
+    """
+    outcome = {}
+
+    def run():
+        try:
+            tid = threading.get_native_id()
+            os.setpriority(os.PRIO_PROCESS, tid, max(nice, os.getpriority(os.PRIO_PROCESS, tid)))
+        except OSError:
+            pass
+        try:
+            outcome["value"] = fn()
+        except BaseException as e:  # noqa: BLE001 -- re-raised in the caller
+            outcome["error"] = e
+
+    thread = threading.Thread(target=run, name="hvdtrain-at-nice")
+    thread.start()
+    thread.join()
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
 
 
 _SLOT_LOCKS: list = []  # open lock files, held for the life of the process

@@ -13,6 +13,8 @@ import shutil
 import numpy as np
 import pytest
 
+from hvdtrain.data.stream import PIPELINE_NICE, behind_the_step, untuned
+from hvdtrain.runtime.placement import thread_ids
 from hvdtrain.tools.make_image_folder import folder_order, write_image_folder
 from tests.helpers.ranks import run_ranks
 
@@ -55,6 +57,39 @@ def in_memory_metrics(fashion_files, tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("in_memory")
     train(["--dataset", "npz", "--data-dir", fashion_files["npz"]], run_dir)
     return metrics(run_dir)[-1]
+
+
+def test_the_pipelines_threads_run_behind_the_step_and_its_elements_and_errors_are_kept():
+    """Every thread tf.data starts for the pipeline runs at PIPELINE_NICE, the caller at its own;
+    the elements are those of iterating the dataset, and its errors reach the caller."""
+    import threading
+
+    import tensorflow as tf
+
+    def nice(tid):
+        return os.getpriority(os.PRIO_PROCESS, tid)
+
+    caller = nice(threading.get_native_id())
+    list(tf.data.Dataset.range(2).map(lambda x: x, num_parallel_calls=2))  # TensorFlow's own threads, started
+    before = thread_ids()
+    data = untuned(tf.data.Dataset.range(1000).map(lambda x: (x * 2,), num_parallel_calls=2).batch(10).prefetch(2), 2)
+    got, started = [], {}
+    for (batch,) in behind_the_step(data):
+        got.append(batch.numpy())
+        if len(got) == 50:  # the iterator's threads are alive
+            started = {tid: nice(tid) for tid in thread_ids() - before}
+    assert np.array_equal(np.concatenate(got), np.arange(1000) * 2)
+    assert len(started) >= 3 and set(started.values()) == {PIPELINE_NICE}, started  # pool, map, prefetch
+    assert nice(threading.get_native_id()) == caller
+    assert list(behind_the_step(tf.data.Dataset.range(0).map(lambda x: (x,)))) == []
+
+    def fails_at_5(x):
+        tf.debugging.assert_less(x, tf.constant(5, tf.int64), message="example 5 is bad")
+        return (x,)
+
+    for first in (0, 5):
+        with pytest.raises(tf.errors.InvalidArgumentError, match="example 5 is bad"):
+            list(behind_the_step(tf.data.Dataset.range(first, 8).map(fails_at_5)))
 
 
 def test_image_folder_trains_exactly_as_in_memory(fashion_files, in_memory_metrics, tmp_path):
