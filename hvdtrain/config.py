@@ -338,6 +338,9 @@ class RuntimeConfig:
     horovod_nice: int = setting(19, "--horovod-nice", "nice level of Horovod's threads on a CPU rank under MPI or "
                                 "alone, so that its polling yields the cores to the compute (0: leave them be)",
                                 requires=integer(0, 20, "19]"))
+    pipeline_nice: int = setting(19, "--pipeline-nice", "nice level of the streamed input pipeline's threads, so "
+                                 "that they decode while the training step waits instead of delaying it (0: the "
+                                 "step's priority)", requires=integer(0, 20, "19]"))
     horovod_cycle_time_ms: float = setting(0.1, "--horovod-cycle-time", "ms between Horovod's looks for ready "
                                            "collectives (HOROVOD_CYCLE_TIME, which wins if set)",
                                            requires=number(0, inclusive=False))

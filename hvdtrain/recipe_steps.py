@@ -290,7 +290,8 @@ def make_trainer(ctx: DistContext, config: Config, data: RankData, model, optimi
     return Trainer(ctx, model, optimizer, data.dataset, data.plan, log_every=config.log.log_every,
                    eval_batch_size=config.eval_batch_size, callbacks=callbacks, watchdog=watchdog,
                    backward_passes_per_step=config.optim.backward_passes_per_step,
-                   agree_on_writes=elastic, loss_scale=loss_scale, xla=config.compute.xla, objective=data.objective)
+                   agree_on_writes=elastic, loss_scale=loss_scale, xla=config.compute.xla, objective=data.objective,
+                   pipeline_nice=config.runtime.pipeline_nice)
 
 
 def save_result(ctx: DistContext, config: Config, trainer: Trainer, metrics: dict, model, run_dir: str,

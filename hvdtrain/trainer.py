@@ -16,7 +16,7 @@ from hvdtrain import callbacks as cbs
 from hvdtrain import kerases
 from hvdtrain.data.in_memory import Dataset
 from hvdtrain.data.sharding import ShardPlan, eval_shard
-from hvdtrain.data.stream import StreamingDataset, behind_the_step
+from hvdtrain.data.stream import PIPELINE_NICE, StreamingDataset, behind_the_step
 from hvdtrain.errors import EveryRankError, HvdtrainError
 from hvdtrain.losses import sparse_categorical_crossentropy
 from hvdtrain.metrics import Accuracy
@@ -71,6 +71,8 @@ class Trainer:
             hold no collective op (synchronized BatchNorm at world size > 1).
         objective: the loss and the metrics (default: sparse categorical cross-entropy and
             accuracy); :meth:`fit` reports ``train_<name>`` and ``test_<name>`` of each.
+        pipeline_nice: the nice level of a streamed dataset's pipeline threads
+            (:func:`~hvdtrain.data.stream.behind_the_step`).
 
     Raises:
         HvdtrainError: for a model and optimizer of different Kerases (:func:`hvdtrain.kerases.choose`).
@@ -82,7 +84,7 @@ class Trainer:
                  callbacks: Optional[List[cbs.Callback]] = None,
                  watchdog: Optional[Watchdog] = None, agree_on_writes: bool = False,
                  backward_passes_per_step: int = 1, loss_scale: Optional[DynamicLossScale] = None,
-                 xla: bool = False, objective: Optional[Objective] = None):
+                 xla: bool = False, objective: Optional[Objective] = None, pipeline_nice: int = PIPELINE_NICE):
         kerases.choose(0, model=model, optimizer=optimizer)  # one Keras: Horovod's wrapper matches the optimizer's
         self.ctx, self.model, self.optimizer, self.plan = ctx, model, optimizer, plan
         self.backward_passes_per_step = backward_passes_per_step
@@ -91,6 +93,7 @@ class Trainer:
         self.agree_on_writes = agree_on_writes
         self.watchdog = watchdog or Watchdog(lambda: ctx.rank, timeout_s=0)
         self.log_every, self.eval_batch_size = log_every, eval_batch_size
+        self.pipeline_nice = pipeline_nice
         self.callbacks = list(callbacks or [])
         if not ctx.is_chief and any(cb.chief_only for cb in self.callbacks):
             raise ValueError("chief-only callbacks given to a non-chief rank")
@@ -157,7 +160,7 @@ class Trainer:
             return
         batches, sizes = self.stream.train_batches(self.plan, epoch, first, first_example,
                                                    threads=self.ctx.intra_op_threads)
-        iterator = behind_the_step(batches)
+        iterator = behind_the_step(batches, self.pipeline_nice)
         # Filling a shuffle buffer, or a resumed epoch reading up to where it stopped, is no stall.
         self.watchdog.pause(f"reading the first batch of epoch {epoch + 1}", FIRST_BATCH_MAX_S)
         for step, size in enumerate(sizes, start=first):
@@ -272,8 +275,9 @@ class Trainer:
                 self.watchdog.beat(f"evaluation batch at example {start}")
         else:
             try:
-                for images, labels in behind_the_step(self.stream.test_batches(
-                        self.ctx.size, self.ctx.rank, self.eval_batch_size, self.ctx.intra_op_threads)):
+                batches = self.stream.test_batches(self.ctx.size, self.ctx.rank, self.eval_batch_size,
+                                                   self.ctx.intra_op_threads)
+                for images, labels in behind_the_step(batches, self.pipeline_nice):
                     sums += self.eval_step(images, labels).numpy()
                     self.watchdog.beat("an evaluation batch")
             except tf.errors.OpError as e:

@@ -128,13 +128,18 @@ def untuned(data: tf.data.Dataset, threads: int = 0) -> tf.data.Dataset:
     return data.with_options(options)
 
 
-def behind_the_step(data: tf.data.Dataset) -> Iterator:
-    """Iterate ``data`` with its pipeline's threads at nice :data:`PIPELINE_NICE`, the calling
-    thread (the step's) at its own.
+def behind_the_step(data: tf.data.Dataset, nice: int = PIPELINE_NICE) -> Iterator:
+    """Iterate ``data`` with its pipeline's threads at nice ``nice``, the calling thread (the
+    step's) at its own.
 
-    tf.data starts its threads (the private pool, the parallel map's and prefetch's) when the
-    iterator is made and its first element asked for: both happen in a thread at that nice value
-    (:func:`hvdtrain.runtime.placement.call_at_nice`), which they inherit.
+    tf.data starts a pipeline's threads (its private pool, the parallel map's and prefetch's) when
+    the iterator is made and its first element asked for; both happen in a thread at ``nice``
+    (:func:`hvdtrain.runtime.placement.call_at_nice`), which they inherit. Threads the pipeline
+    starts later are started by those, behind a ``prefetch`` at its top (this module's pipelines).
+
+    Args:
+        data: the pipeline.
+        nice: 0 (the step's priority) to 19 (:data:`PIPELINE_NICE`, the lowest).
 
     Yields:
         ``data``'s elements, in order.
@@ -142,12 +147,14 @@ def behind_the_step(data: tf.data.Dataset) -> Iterator:
     Raises:
         tf.errors.OpError: as iterating ``data`` would.
     """
+    end = object()
+
     def start():
         iterator = iter(data)
-        return iterator, next(iterator, None)  # an element is a tuple, never None
+        return iterator, next(iterator, end)
 
-    iterator, first = call_at_nice(PIPELINE_NICE, start)
-    if first is not None:
+    iterator, first = call_at_nice(nice, start)
+    if first is not end:
         yield first
         yield from iterator
 

@@ -25,6 +25,7 @@ from hvdtrain.console import say
 
 T = TypeVar("T")
 
+
 def machine_id() -> str:
     """This machine's identity, whatever the hostname says: the kernel's boot id (containers on one
     machine share it, and its cores), or the hostname where the boot id cannot be read."""
@@ -377,12 +378,17 @@ def yield_to_compute(thread_ids, nice: int = 19) -> None:
 
 
 def call_at_nice(nice: int, fn: Callable[[], T]) -> T:
-    """``fn()``, called by a new thread at nice ``nice`` (or the caller's, if lower in priority):
-    every thread ``fn`` starts inherits that priority, and the caller keeps its own.
+    """``fn()``, called by a new thread at nice ``nice``, which the threads ``fn`` starts inherit.
 
     On Linux a nice value belongs to a thread, and a new thread inherits its starter's; an
-    unprivileged thread may lower its priority but never raise it again, hence a thread of its own.
-    Best effort: where the priority cannot be set, ``fn`` runs at the caller's.
+    unprivileged thread may lower its priority but never raise it again, hence a thread of its own,
+    and the caller keeps its priority. Elsewhere (a nice value per process) ``fn`` runs at the
+    caller's, as it does where the priority cannot be set.
+
+    Args:
+        nice: the nice value, 0 (the caller's priority) to 19 (the lowest); a thread already
+            lower keeps its own.
+        fn: what to call, without arguments.
 
     Returns:
         What ``fn`` returns.
@@ -393,22 +399,26 @@ def call_at_nice(nice: int, fn: Callable[[], T]) -> T:
     outcome = {}
 
     def run():
-        try:
-            tid = threading.get_native_id()
-            os.setpriority(os.PRIO_PROCESS, tid, max(nice, os.getpriority(os.PRIO_PROCESS, tid)))
-        except OSError:
-            pass
+        if sys.platform.startswith("linux"):
+            try:  # 0: the calling thread, on Linux
+                os.setpriority(os.PRIO_PROCESS, 0, max(nice, os.getpriority(os.PRIO_PROCESS, 0)))
+            except OSError:
+                pass
         try:
             outcome["value"] = fn()
         except BaseException as e:  # noqa: BLE001 -- re-raised in the caller
             outcome["error"] = e
 
-    thread = threading.Thread(target=run, name="hvdtrain-at-nice")
+    thread = threading.Thread(target=run, name="hvdtrain-at-nice", daemon=True)
     thread.start()
     thread.join()
-    if "error" in outcome:
-        raise outcome["error"]
-    return outcome["value"]
+    error = outcome.pop("error", None)
+    if error is not None:
+        try:
+            raise error
+        finally:
+            del error  # its traceback holds fn's frames (an iterator and its threads): no cycle to keep them
+    return outcome.pop("value")
 
 
 _SLOT_LOCKS: list = []  # open lock files, held for the life of the process

@@ -81,6 +81,10 @@ def test_the_pipelines_threads_run_behind_the_step_and_its_elements_and_errors_a
     assert np.array_equal(np.concatenate(got), np.arange(1000) * 2)
     assert len(started) >= 3 and set(started.values()) == {PIPELINE_NICE}, started  # pool, map, prefetch
     assert nice(threading.get_native_id()) == caller
+    for (batch,) in behind_the_step(data, nice=caller):  # --pipeline-nice 0: the step's priority
+        started = {tid: nice(tid) for tid in thread_ids() - before}
+        break
+    assert len(started) >= 3 and set(started.values()) == {caller}, started
     assert list(behind_the_step(tf.data.Dataset.range(0).map(lambda x: (x,)))) == []
 
     def fails_at_5(x):
