@@ -26,6 +26,17 @@ def final_test_accuracy(run_dir):
         return [json.loads(line) for line in f][-1]["test_accuracy"]
 
 
+def test_horovodruns_build_check_answers_without_importing_tensorflow():
+    """scripts/horovod-patches/0007: the launcher's check of how Horovod was built (made on every
+    launch) loads Horovod's TensorFlow extension library alone, not all of TensorFlow."""
+    check = ("import sys; from horovod.common import util; lib = util._extension_library('tensorflow'); "
+             "print(lib.gloo_built(), lib.mpi_built(), util.gloo_built(), util.mpi_built(), 'tensorflow' in sys.modules)")
+    result = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=120,
+                            env=rank_env())
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.split() == ["True", "True", "True", "True", "False"], result.stdout + result.stderr[-3000:]
+
+
 @pytest.mark.parametrize("mode", ["mpi", "mpirun"])
 def test_local_script_trains_on_this_host(tmp_path, mode):
     """launch/local.sh [mode] [flags]: two ranks on this host train and log an epoch, with the

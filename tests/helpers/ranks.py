@@ -1,11 +1,6 @@
-"""Start real ranks for tests: ``horovodrun --gloo``, ``horovodrun --mpi``, ``mpirun``, or one plain process.
-
-``horovodrun`` here (``--gloo`` and ``--mpi``) is :mod:`tests.helpers.horovodrun`: Horovod's launcher with its
-build check (4 s of CPU per launch) answered once per session.
-"""
+"""Start real ranks for tests: ``horovodrun --gloo``, ``horovodrun --mpi``, ``mpirun``, or one plain process."""
 from __future__ import annotations
 
-import functools
 import os
 import signal
 import subprocess
@@ -13,28 +8,14 @@ import sys
 from pathlib import Path
 from typing import List, Optional
 
-from tests.helpers.horovodrun import ENV as HOROVOD_BUILT
-
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 LAUNCHERS = ("gloo", "horovodrun-mpi", "mpirun", "single")
 
-HOROVODRUN = [sys.executable, "-m", "tests.helpers.horovodrun"]
+HOROVODRUN = [str(BIN / "horovodrun")]
 MPIRUN = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none",
           # Containers often forbid the cross-memory-attach that OpenMPI's shared-memory BTL tries first.
           "--mca", "btl_vader_single_copy_mechanism", "none"]
-
-
-@functools.lru_cache(maxsize=None)
-def _horovod_built() -> str:
-    """Horovod's own answer, asked once: built with Gloo, with MPI (see :mod:`tests.helpers.horovodrun`).
-
-    Asked in a fresh interpreter: Horovod forks for the check, and this process runs TensorFlow.
-    """
-    check = ("from horovod.common.util import gloo_built, mpi_built; "
-             "print(f'gloo={int(bool(gloo_built()))},mpi={int(bool(mpi_built()))}')")
-    return subprocess.run([sys.executable, "-c", check], capture_output=True, text=True,
-                          check=True, timeout=300).stdout.strip().splitlines()[-1]
 
 
 def rank_env(extra: Optional[dict] = None) -> dict:
@@ -53,7 +34,6 @@ def rank_env(extra: Optional[dict] = None) -> dict:
         "OMPI_ALLOW_RUN_AS_ROOT": "1",
         "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
         "OMPI_MCA_btl_vader_single_copy_mechanism": "none",
-        HOROVOD_BUILT: _horovod_built(),
     })
     env.update(extra or {})
     return env
