@@ -27,8 +27,9 @@ def final_test_accuracy(run_dir):
 
 
 def test_horovodruns_build_check_answers_without_importing_tensorflow():
-    """scripts/horovod-patches/0007-runner-build-check-without-importing-tensorflow.patch: the launcher's check of how Horovod was built (made on every
-    launch) loads Horovod's TensorFlow extension library alone, not all of TensorFlow."""
+    """The launcher's check of how Horovod was built, made on every launch, loads Horovod's
+    TensorFlow extension library alone, not all of TensorFlow
+    (scripts/horovod-patches/0007-runner-build-check-without-importing-tensorflow.patch)."""
     check = ("import sys; from horovod.common import util; lib = util._extension_library('tensorflow'); "
              "print(lib.gloo_built(), lib.mpi_built(), util.gloo_built(), util.mpi_built(), 'tensorflow' in sys.modules)")
     result = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=120,
