@@ -30,7 +30,7 @@ from hvdtrain.config import CLASSES
 from hvdtrain.data import images
 from hvdtrain.data.sharding import ShardPlan
 from hvdtrain.errors import HvdtrainError
-from hvdtrain.runtime.placement import call_at_nice
+from hvdtrain.runtime.priority import call_at_nice
 
 
 # Batches decoded ahead of the step: enough to hide the next batch's decoding behind the step, and
@@ -134,7 +134,7 @@ def behind_the_step(data: tf.data.Dataset, nice: int = PIPELINE_NICE) -> Iterato
 
     tf.data starts a pipeline's threads (its private pool, the parallel map's and prefetch's) when
     the iterator is made and its first element asked for; both happen in a thread at ``nice``
-    (:func:`hvdtrain.runtime.placement.call_at_nice`), which they inherit. Threads the pipeline
+    (:func:`hvdtrain.runtime.priority.call_at_nice`), which they inherit. Threads the pipeline
     starts later are started by those, behind a ``prefetch`` at its top (this module's pipelines).
 
     Args:

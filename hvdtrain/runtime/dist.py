@@ -18,7 +18,7 @@ import numpy as np
 
 from hvdtrain.errors import EveryRankError, FoundHere, HvdtrainError, PeerFailure
 from hvdtrain.console import say
-from hvdtrain.runtime import placement
+from hvdtrain.runtime import placement, priority
 from hvdtrain.runtime.determinism import make_deterministic
 from hvdtrain.runtime.devices import check_started_devices, runtime_started
 from hvdtrain.runtime.launcher import launcher_rank
@@ -272,7 +272,7 @@ def init_distributed(threads: int = 0, use_gpu: bool = True, stall_timeout: floa
             instead of leaving the others in the pinning collective. Not before: ``hvd.init()``
             waits for every rank to start, which may take long on a cluster.
         horovod_nice: the nice level of Horovod's threads on a CPU rank under MPI or alone
-            (:func:`hvdtrain.runtime.placement.yield_to_compute`); 0 leaves them be.
+            (:func:`hvdtrain.runtime.priority.yield_to_compute`); 0 leaves them be.
         horovod_cycle_time_ms: ``HOROVOD_CYCLE_TIME`` unless the environment sets it: how often
             Horovod's background thread looks for ready collectives, milliseconds.
         deterministic: make every collective and op deterministic (see below), for bit-identical
@@ -318,7 +318,7 @@ def init_distributed(threads: int = 0, use_gpu: bool = True, stall_timeout: floa
     # On a CPU rank under MPI (or alone), Horovod's threads yield the cores to the compute.
     on_gpu = bool(use_gpu and tf.config.list_physical_devices("GPU"))
     if not on_gpu and (hvd.size() == 1 or hvd.mpi_enabled()):
-        placement.yield_to_compute(horovod_threads, horovod_nice)
+        priority.yield_to_compute(horovod_threads, horovod_nice)
     rank, local_rank, local_size = hvd.rank(), hvd.local_rank(), hvd.local_size()
     if elastic:
         # Horovod numbers local ranks per host *name*, and an elastic job may list one machine

@@ -4,8 +4,7 @@ import threading
 
 import pytest
 
-from hvdtrain.runtime.placement import (agreed_cpu_share, call_at_nice, cpu_shares, expected_share,
-                                        threads_started_on)
+from hvdtrain.runtime.placement import agreed_cpu_share, cpu_shares, expected_share, threads_started_on
 
 
 def _flat(*bindings) -> dict:
@@ -143,22 +142,3 @@ def test_threads_started_in_the_block_run_on_its_cores_and_the_caller_is_restore
         thread.join()
     assert seen == [target] and os.sched_getaffinity(0) == before
 
-
-def _nice() -> int:
-    return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
-
-
-def test_call_at_nice_runs_and_starts_threads_at_that_nice_and_leaves_the_caller_at_its_own():
-    caller = _nice()
-    seen = []
-
-    def fn():
-        thread = threading.Thread(target=lambda: seen.append(_nice()))
-        thread.start()
-        thread.join()
-        return _nice()
-
-    assert call_at_nice(19, fn) == 19 and seen == [19] and _nice() == caller
-    with pytest.raises(KeyError, match="raised in the thread"):
-        call_at_nice(19, lambda: {}["raised in the thread"])
-    assert _nice() == caller
