@@ -54,12 +54,16 @@ class FitResult:
 
 def fit(model_fn: Union[str, Callable], data=None, *, loss=None, metrics: Optional[Sequence] = None,
         optimizer=None, config: Union[Config, dict, str, None] = None, callbacks: Sequence = (),
-        convert_sync_bn: bool = False, **settings) -> FitResult:
+        convert_sync_bn: bool = False, x=None, y=None, sample_weight=None, class_weight=None,
+        validation_data=None, loss_weights=None, **settings) -> FitResult:
     """Train the model of ``model_fn`` on ``data`` with data-parallel ranks; every rank of the job
     calls it alike.
 
     Args:
-        model_fn: a built-in model's name (``cnn``, ``resnet20``, ``unet``) or a function called as
+        model_fn: a Keras model object (built or compiled, Keras 2 or 3), which trains by its own
+            ``train_step`` -- Keras' default, or the model's -- on data in any form Keras' ``fit``
+            takes (the arguments ``x`` to ``loss_weights`` below; see docs/python-api.md); or a
+            built-in model's name (``cnn``, ``resnet20``, ``unet``) or a function called as
             ``model_fn(input_shape=(H, W, C), num_classes=K)`` returning an uncompiled Keras model,
             Keras 2 (``tf.keras``, ``tf_keras``) or Keras 3 (``import keras``; use
             ``hvdtrain.SyncBatchNormalization``, resp. ``hvdtrain.keras3.SyncBatchNormalization``,
@@ -93,6 +97,13 @@ def fit(model_fn: Union[str, Callable], data=None, *, loss=None, metrics: Option
             under Keras' names (:mod:`hvdtrain.keras_callbacks`).
         convert_sync_bn: replace the model's Keras ``BatchNormalization`` layers by synchronized
             ones (:func:`hvdtrain.convert_sync_batchnorm`).
+        x, y, sample_weight, class_weight, validation_data: for a model object, as Keras' ``fit``
+            takes them (``data`` left out): features and labels any nest of arrays (dicts, lists;
+            any dtype: token ids, strings, floats; ``tf.RaggedTensor`` rows padded per batch).
+            ``data`` may then also be ``(x_train, y_train, x_test, y_test)`` of such nests, or
+            ``(train, test)`` datasets of unbatched ``(x[, y[, sample_weight]])`` (``test`` None: no
+            evaluation).
+        loss_weights: for an uncompiled model object, ``compile``'s ``loss_weights``.
         **settings: settings over ``config``, as its mapping names them (``epochs=5``,
             ``batch_size=64``, ``optim={"base_lr": 0.1}``, ``model={"sync_bn": False}``).
 
@@ -109,6 +120,17 @@ def fit(model_fn: Union[str, Callable], data=None, *, loss=None, metrics: Option
         status), where this rank must leave at once: on Ctrl-C or SIGTERM, and on an error of its
         own while the other ranks wait in a collective, so that no rank hangs in Horovod's shutdown.
     """
+    from hvdtrain.keras_recipe import is_model_object
+
+    keras_forms = dict(x=x, y=y, sample_weight=sample_weight, class_weight=class_weight,
+                       validation_data=validation_data, loss_weights=loss_weights)
+    if is_model_object(model_fn):
+        return _fit_model_object(model_fn, data, keras_forms, loss, metrics, optimizer, config, callbacks,
+                                 convert_sync_bn, settings)
+    given = [k for k, v in keras_forms.items() if v is not None]
+    if given:
+        raise HvdtrainError(f"hvdtrain.fit: {', '.join(given)} are for a Keras model object; a build function or "
+                            f"built-in model takes data=(x_train, y_train, x_test, y_test)")
     # Parts given by name are settings: the run's config.yaml and checkpoints record them.
     settings = dict(settings)
     model_settings, task = dict(settings.pop("model", {})), dict(settings.pop("task", {}))
@@ -147,7 +169,34 @@ def fit(model_fn: Union[str, Callable], data=None, *, loss=None, metrics: Option
     parts = Parts(model=model_fn, dataset=dataset, loss=loss, metrics=metrics, callbacks=[*callbacks, history],
                   optimizer=optimizer, data_function=data_function[:2] if data_function else None)
     try:
-        outcome = run(run_config, parts)
+        outcome = run(run_config, parts, keep_horovod=True)
+    except RunEnded as ended:
+        raise _raised(ended) from ended.cause
+    return FitResult(outcome.model, history.history, outcome.metrics, run_config, outcome.rank)
+
+
+def _fit_model_object(model, data, forms: dict, loss, metrics, optimizer, config, callbacks, convert_sync_bn,
+                      settings: dict) -> FitResult:
+    """:func:`fit` for a Keras model object: its own step, on data in Keras' forms (:mod:`hvdtrain.keras_recipe`)."""
+    from hvdtrain.keras_recipe import examples_from
+    from hvdtrain.recipe import run
+    from hvdtrain.recipe_steps import Parts
+
+    settings = dict(settings)
+    if convert_sync_bn:
+        settings["model"] = {**settings.get("model", {}), "convert_sync_bn": True}
+    run_config = resolve_config(config, settings)
+    if isinstance(metrics, str) or callable(metrics):
+        metrics = [metrics]
+    loss_weights = forms.pop("loss_weights")
+    examples = examples_from(data, **forms, shuffle_buffer=run_config.data.shuffle_buffer, seed=run_config.seed)
+    if threading.current_thread() is threading.main_thread():
+        install_stop_handlers()
+    history = cbs.History()
+    parts = Parts(model=model, examples=examples, loss=loss, metrics=metrics, optimizer=optimizer,
+                  callbacks=[*callbacks, history], loss_weights=loss_weights)
+    try:
+        outcome = run(run_config, parts, keep_horovod=True)
     except RunEnded as ended:
         raise _raised(ended) from ended.cause
     return FitResult(outcome.model, history.history, outcome.metrics, run_config, outcome.rank)

@@ -47,13 +47,16 @@ def chief_callbacks(config: Config, run_dir: str, manager: CheckpointManager, pl
 
 
 def banner(ctx: DistContext, config: Config, dataset, plan: ShardPlan, schedule, model,
-           run_dir: str, ckpt_dir: str, start: TrainPosition, objective=None, model_name: Optional[str] = None) -> str:
+           run_dir: str, ckpt_dir: str, start: TrainPosition, objective=None, model_name: Optional[str] = None,
+           own_step=None) -> str:
     """Rank 0's start-up lines: world size and pinning, data, batch arithmetic, learning rate,
     model, loss and metrics, run directory and where training starts.
 
     Args:
         objective: the run's :class:`~hvdtrain.task.Objective` (default: the config's names).
         model_name: what the model is called (default: ``config.model.name``).
+        own_step: a Keras model object's :class:`~hvdtrain.keras_recipe.OwnStep` (its data, step
+            and metrics are said its own way).
     """
     last = plan.global_batch_size(plan.steps_per_epoch - 1)
     leftover = last - plan.global_batch
@@ -64,11 +67,15 @@ def banner(ctx: DistContext, config: Config, dataset, plan: ShardPlan, schedule,
     model_name = model_name or config.model.name
     norm = ("user model" if model_name not in BUILTIN_MODELS
             else ("synchronized" if config.model.sync_bn else "per-rank") + " BatchNorm")
-    loss, metrics = ((objective.loss.name, [m.name for m in objective.metrics]) if objective is not None
-                     else (config.task.loss, config.task.metric_names))
+    if own_step is not None:
+        from hvdtrain.keras_recipe import banner_lines
+    else:
+        loss, metrics = ((objective.loss.name, [m.name for m in objective.metrics]) if objective is not None
+                         else (config.task.loss, config.task.metric_names))
     return "\n".join([
         f"hvdtrain: world size {ctx.size} ({ctx.local_size} local rank(s) x {ctx.cross_size} host(s)), "
         f"device {ctx.device}, {ctx.intra_op_threads} thread(s) per rank",
+        f"data:  {dataset.summary()}" if own_step is not None else
         f"data:  {dataset.name}: {dataset.num_train:,} train / {dataset.num_test:,} test, "
         f"{'x'.join(map(str, dataset.input_shape))}, " + labels_summary(dataset)
         + (f"; streamed by tf.data, augment {config.data.augment}" if config.data.streaming else "; in memory"),
@@ -84,9 +91,10 @@ def banner(ctx: DistContext, config: Config, dataset, plan: ShardPlan, schedule,
         f"model: {model_name} ({norm}), {model.count_params():,} parameters, {config.compute.precision}"
         + (" (dynamic loss scaling)" if config.compute.precision == "fp16" else "")
         + (", forward and backward pass compiled by XLA" if config.compute.xla else ""),
-        f"task:  loss {loss}" + (f" (label smoothing {config.task.label_smoothing:g})"
-                                 if config.task.label_smoothing else "")
-        + f"; metrics {', '.join(metrics) or 'none'} (exact: sums allreduced over ranks)",
+        *(banner_lines(own_step) if own_step is not None else [
+            f"task:  loss {loss}" + (f" (label smoothing {config.task.label_smoothing:g})"
+                                     if config.task.label_smoothing else "")
+            + f"; metrics {', '.join(metrics) or 'none'} (exact: sums allreduced over ranks)"]),
         f"run:   {run_dir} (checkpoints {ckpt_dir}), {epochs}"
         + (f", resuming at step {start_step + 1} of epoch {start.epoch + 1}" if start_step else ""),
     ])

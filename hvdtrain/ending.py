@@ -45,11 +45,15 @@ class RunScope:
     callbacks: List[cbs.Callback] = dataclasses.field(default_factory=list)
     run_dir: Optional[str] = None
     elastic_job: Optional[object] = None
+    own_step: Optional[object] = None
 
 
 @contextlib.contextmanager
-def run_scope(config: Config, watchdog: Watchdog) -> Iterator[RunScope]:
+def run_scope(config: Config, watchdog: Watchdog, keep_horovod: bool = False) -> Iterator[RunScope]:
     """Run the recipe inside: every way it can end is classified once, and it closes either way.
+
+    ``keep_horovod``: a run that ends well leaves Horovod running (``hvdtrain.fit``: the caller's
+    code after it may use ``hvd.rank()``, or call ``fit`` again).
 
     Raises:
         RunEnded: when the run fails or is stopped, on every rank, saying how this rank leaves.
@@ -73,9 +77,11 @@ def run_scope(config: Config, watchdog: Watchdog) -> Iterator[RunScope]:
         defer_stop_signals()
         watchdog.close()
         cbs.close_all(scope.callbacks)
+        if scope.own_step is not None:  # the model's optimizers update by themselves again
+            scope.own_step.exchange.restore()
         # Horovod's shutdown waits for every rank: not where this rank leaves at once.
-        if scope.ctx is not None and (ending is None or ending.ending not in (Ending.ALONE, Ending.INTERRUPTED,
-                                                                              Ending.TERMINATED)):
+        if scope.ctx is not None and not (keep_horovod and ending is None) and (
+                ending is None or ending.ending not in (Ending.ALONE, Ending.INTERRUPTED, Ending.TERMINATED)):
             scope.ctx.close()
 
 

@@ -140,23 +140,29 @@ def build_optimizer(config: OptimConfig, world_size: int, steps_per_epoch: int, 
     """
     if keras is None:  # the variables' Keras (Keras 3's variables are its own class), else Keras 2
         keras = kerases.module(next((kerases.version_of(v) for v in variables or () if kerases.version_of(v)), 2))
-    # Horovod's gradient aggregation counts every backward pass in optimizer.iterations, so the
-    # schedule is in backward passes (steps), not in applied updates.
-    schedule = _schedule(config, world_size, steps_per_epoch, epochs, keras)
-    common = {"learning_rate": schedule, "global_clipnorm": config.clip_norm or None,
-              "weight_decay": config.weight_decay or None}
-    if config.name == "sgd":
-        inner = keras.optimizers.SGD(momentum=config.momentum, nesterov=config.nesterov, **common)
-    elif config.name == "adam":
-        inner = keras.optimizers.Adam(**common)
-    else:
-        inner = keras.optimizers.AdamW(**common)
+    inner, schedule = configured_optimizer(config, world_size, steps_per_epoch, epochs, keras)
     optimizer = distributed(inner, config)
     if variables is not None:  # on the wrapper: Horovod makes it anew from the inner optimizer's config
         if config.weight_decay:
             optimizer.exclude_from_weight_decay(var_list=[v for v in variables if len(v.shape) < 2])
         optimizer.build(variables)
     return optimizer, schedule
+
+
+def configured_optimizer(config: OptimConfig, world_size: int, steps_per_epoch: int, epochs: int,
+                         keras: ModuleType):
+    """The configured Keras optimizer, not wrapped (:func:`build_optimizer`), and its
+    :class:`WarmupScheduleBase`: ``(optimizer, schedule)``."""
+    # Horovod's gradient aggregation counts every backward pass in optimizer.iterations, so the
+    # schedule is in backward passes (steps), not in applied updates.
+    schedule = _schedule(config, world_size, steps_per_epoch, epochs, keras)
+    common = {"learning_rate": schedule, "global_clipnorm": config.clip_norm or None,
+              "weight_decay": config.weight_decay or None}
+    if config.name == "sgd":
+        return keras.optimizers.SGD(momentum=config.momentum, nesterov=config.nesterov, **common), schedule
+    if config.name == "adam":
+        return keras.optimizers.Adam(**common), schedule
+    return keras.optimizers.AdamW(**common), schedule
 
 
 def distributed(inner, config: OptimConfig):

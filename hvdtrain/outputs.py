@@ -73,7 +73,9 @@ def draw_curves(records: list, path: str) -> None:
     from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator
 
-    names = [key[len("test_"):] for key in records[-1] if key.startswith("test_")]
+    # Each metric once, train and test in one panel (a run without a test set: the train ones).
+    names = list(dict.fromkeys(key.split("_", 1)[1] for key in records[-1]
+                               if key.startswith(("train_", "test_")) and key != "train_examples"))
     epochs = [r["epoch"] for r in records]
     fig = Figure(figsize=(4.5 * len(names), 3.5))
     FigureCanvasAgg(fig)

@@ -66,7 +66,10 @@ class Parts:
         callbacks: more :class:`~hvdtrain.callbacks.Callback` objects (chief-only ones run on rank 0
             only) and Keras callbacks (:mod:`hvdtrain.keras_callbacks`).
         optimizer: a Keras optimizer of the caller's (of the model's Keras), its learning rate (or schedule) used as it
-            is; None: ``config.optim``'s, on hvdtrain's warmup schedule scaled by world size."""
+            is; None: ``config.optim``'s, on hvdtrain's warmup schedule scaled by world size.
+        examples: for a Keras model object (``model``), its data in Keras' ``fit`` forms
+            (:mod:`hvdtrain.data.examples`): the model then trains by its own step (:mod:`hvdtrain.keras_recipe`).
+        loss_weights: Keras' ``compile(loss_weights=...)`` for an uncompiled model object."""
 
     model: Optional[Union[str, Callable]] = None
     dataset: Optional[Dataset] = None
@@ -75,6 +78,8 @@ class Parts:
     metrics: Optional[Sequence] = None
     callbacks: Sequence[cbs.Callback] = ()
     optimizer: Optional[object] = None
+    examples: Optional[object] = None
+    loss_weights: Optional[object] = None
 
 
 class RankData(NamedTuple):
@@ -237,8 +242,10 @@ def open_checkpoints(config: Config, run_dir: str, ckpt_dir: str, model, optimiz
 
 def state_variables(model, optimizer) -> list:
     """What every rank must hold alike: the model's variables (weights and BatchNorm's moving
-    statistics) and the optimizer's (its slots, iteration count and fp16's loss scale)."""
-    return list(model.variables) + list(optimizer.variables)
+    statistics) and the optimizer's (its slots, iteration count and fp16's loss scale); ``optimizer``
+    may be a list of them (a GAN's two)."""
+    optimizers = optimizer if isinstance(optimizer, (list, tuple)) else [optimizer]
+    return list(model.variables) + [v for o in optimizers for v in o.variables]
 
 
 def broadcast_state(ctx: DistContext, model, optimizer) -> None:
@@ -252,7 +259,7 @@ def broadcast_state(ctx: DistContext, model, optimizer) -> None:
 
 
 def rank_callbacks(ctx: DistContext, config: Config, parts: Parts, data: RankData, model, optimizer, schedule,
-                   files: RunFiles) -> List[cbs.Callback]:
+                   files: RunFiles, own_step=None) -> List[cbs.Callback]:
     """Step 7: the rank-0 block (banner, progress, logs, checkpoints: :mod:`hvdtrain.chief`), then
     the caller's callbacks (chief-only ones on rank 0 only; Keras callbacks on every rank, first,
     so that a learning rate they set is checkpointed).
@@ -262,7 +269,7 @@ def rank_callbacks(ctx: DistContext, config: Config, parts: Parts, data: RankDat
     """
     if ctx.is_chief:
         say(banner(ctx, config, data.dataset, data.plan, schedule, model, files.run_dir, files.ckpt_dir, files.start,
-                   data.objective, model_label(parts.model or config.model.name)))
+                   data.objective, model_label(parts.model or config.model.name), own_step))
     callbacks = ctx.guarded("opening the run's logs", lambda: chief_callbacks(
         config, files.run_dir, files.manager, data.plan, optimizer, files.meta) if ctx.is_chief else [])
     callbacks += [cb for cb in parts.callbacks if not is_keras_callback(cb) and (ctx.is_chief or not cb.chief_only)]
@@ -278,20 +285,21 @@ def rank_callbacks(ctx: DistContext, config: Config, parts: Parts, data: RankDat
 
 
 def make_trainer(ctx: DistContext, config: Config, data: RankData, model, optimizer, loss_scale,
-                 callbacks: List[cbs.Callback], watchdog: Watchdog, elastic: bool = False) -> Trainer:
+                 callbacks: List[cbs.Callback], watchdog: Watchdog, elastic: bool = False, own_step=None) -> Trainer:
     """Step 8: the :class:`~hvdtrain.trainer.Trainer` that runs the same steps on every rank, each
     on its shard of ``data.plan``.
 
     Args:
         elastic: an elastic job: the ranks agree on the outcome of rank 0's writes (a new rank 0
             after a reset must know).
+        own_step: a Keras model object's :class:`~hvdtrain.keras_recipe.OwnStep`: its own step trains.
     """
     watchdog.beat("the first training step")
     return Trainer(ctx, model, optimizer, data.dataset, data.plan, log_every=config.log.log_every,
                    eval_batch_size=config.eval_batch_size, callbacks=callbacks, watchdog=watchdog,
                    backward_passes_per_step=config.optim.backward_passes_per_step,
                    agree_on_writes=elastic, loss_scale=loss_scale, xla=config.compute.xla, objective=data.objective,
-                   pipeline_nice=config.runtime.pipeline_nice)
+                   pipeline_nice=config.runtime.pipeline_nice, own_step=own_step)
 
 
 def save_result(ctx: DistContext, config: Config, trainer: Trainer, metrics: dict, model, run_dir: str,

@@ -129,6 +129,11 @@ class Objective:
         out["count"] = int(sums[1])
         return out
 
+    @staticmethod
+    def examples(sums: Sequence[float]) -> float:
+        """The examples counted in ``sums``."""
+        return float(np.asarray(sums)[1])
+
     @property
     def layout(self) -> Tuple[str, ...]:
         """What the sums are: the loss's name, then ``"<metric>:<size>"`` of each metric."""

@@ -28,6 +28,8 @@ from hvdtrain.runtime.dist import DistContext, in_collective
 from hvdtrain.runtime.watchdog import Watchdog
 from hvdtrain.position import TrainPosition
 from hvdtrain.step import gathered, make_train_step, streamed, to_model_input
+from hvdtrain.data.examples import StreamedExamples, gather_rows
+from hvdtrain.keras_step import make_keras_steps
 
 
 FIRST_BATCH_MAX_S = 3600.0  # how long the stall check waits for a stream's first batch of an epoch
@@ -73,6 +75,10 @@ class Trainer:
             accuracy); :meth:`fit` reports ``train_<name>`` and ``test_<name>`` of each.
         pipeline_nice: the nice level of a streamed dataset's pipeline threads
             (:func:`~hvdtrain.data.stream.behind_the_step`).
+        own_step: for a Keras model object (:mod:`hvdtrain.keras_recipe`), its
+            :class:`~hvdtrain.keras_recipe.OwnStep`: the model's own ``train_step`` and
+            ``test_step`` run, on examples of :mod:`hvdtrain.data.examples`, and its metrics are
+            the objective.
 
     Raises:
         HvdtrainError: for a model and optimizer of different Kerases (:func:`hvdtrain.kerases.choose`).
@@ -84,7 +90,8 @@ class Trainer:
                  callbacks: Optional[List[cbs.Callback]] = None,
                  watchdog: Optional[Watchdog] = None, agree_on_writes: bool = False,
                  backward_passes_per_step: int = 1, loss_scale: Optional[DynamicLossScale] = None,
-                 xla: bool = False, objective: Optional[Objective] = None, pipeline_nice: int = PIPELINE_NICE):
+                 xla: bool = False, objective: Optional[Objective] = None, pipeline_nice: int = PIPELINE_NICE,
+                 own_step=None):
         kerases.choose(0, model=model, optimizer=optimizer)  # one Keras: Horovod's wrapper matches the optimizer's
         self.ctx, self.model, self.optimizer, self.plan = ctx, model, optimizer, plan
         self.backward_passes_per_step = backward_passes_per_step
@@ -97,9 +104,22 @@ class Trainer:
         self.callbacks = list(callbacks or [])
         if not ctx.is_chief and any(cb.chief_only for cb in self.callbacks):
             raise ValueError("chief-only callbacks given to a non-chief rank")
-        self.stream: Optional[StreamingDataset] = dataset if isinstance(dataset, StreamingDataset) else None
+        self.own_step = own_step
+        self.stream = dataset if isinstance(dataset, (StreamingDataset, StreamedExamples)) else None
+        self.dataset = dataset
         with tf.device(ctx.device):
-            if self.stream is None:
+            if own_step is not None:
+                self.objective = own_step.objective
+                self._sums = tf.Variable(tf.zeros(self.objective.size, tf.float64), trainable=False, name="epoch_sums")
+                self.test_tensors = None
+                if self.stream is None and dataset.test is not None:
+                    self.test_tensors = dataset.on_device(tf.nest.map_structure(
+                        lambda a: a[eval_shard(dataset.num_test, ctx.size, ctx.rank)], dataset.test))
+                self.train_step, self.eval_step = make_keras_steps(
+                    model, own_step.exchange, self.objective, self._sums, dataset.batch_spec(),
+                    dataset.on_device(dataset.train) if self.stream is None else None)
+                self.local_gradients = None
+            elif self.stream is None:
                 test = eval_shard(dataset.num_test, ctx.size, ctx.rank)
                 self.x_train = tf.constant(dataset.x_train)
                 self.y_train = tf.constant(dataset.y_train)
@@ -110,10 +130,13 @@ class Trainer:
                 inputs = streamed(dataset.input_shape, dataset.image_dtype, dataset.label_shape)
             # The objective's local sums since the epoch began (loss, examples, each metric's),
             # float64 so that sums over an epoch stay exact.
-            self._sums = tf.Variable(tf.zeros(self.objective.size, tf.float64), trainable=False, name="epoch_sums")
-        self.train_step, self.local_gradients = make_train_step(model, optimizer, ctx.size, inputs, self.objective,
-                                                                self._sums, loss_scale, xla)
-        self.eval_step = self._make_eval_step()
+            if own_step is None:
+                self._sums = tf.Variable(tf.zeros(self.objective.size, tf.float64), trainable=False,
+                                         name="epoch_sums")
+        if own_step is None:
+            self.train_step, self.local_gradients = make_train_step(model, optimizer, ctx.size, inputs, self.objective,
+                                                                    self._sums, loss_scale, xla)
+            self.eval_step = self._make_eval_step()
         self.count_non_finite = self._make_count_non_finite()
         self._moving_statistics = per_rank_moving_statistics(model)
         self.stopped_after: Optional[int] = None  # the (1-based) epoch a callback stopped training after
@@ -165,17 +188,18 @@ class Trainer:
         self.watchdog.pause(f"reading the first batch of epoch {epoch + 1}", FIRST_BATCH_MAX_S)
         for step, size in enumerate(sizes, start=first):
             try:
-                images, labels = next(iterator)
+                batch = next(iterator)
             except StopIteration:
-                images = labels = None
+                batch = None
             except tf.errors.OpError as e:
                 raise self.stream.failed_step(e, self.plan, epoch, step, first, first_example) from None
-            if images is None or int(images.shape[0]) != size:
-                got = 0 if images is None else int(images.shape[0])
+            got = 0 if batch is None else int(tf.nest.flatten(batch)[0].shape[0])
+            if got != size:
                 raise HvdtrainError(f"{self.stream.name}: rank {self.ctx.rank} got {got} example(s) at epoch {epoch + 1}, "
                                     f"step {step + 1}, where {size} were planned: the data gave fewer examples this "
                                     f"epoch than the {self.stream.num_train:,} counted at the start")
-            yield step, (images, labels), self.plan.global_batch_size(step, first_example)
+            # hvdtrain's step takes (images, labels); a model's own step its whole batch
+            yield step, ((batch,) if self.own_step else batch), self.plan.global_batch_size(step, first_example)
 
     def _make_count_non_finite(self):
         """A compiled function: the number (int64 scalar) of NaN and infinite values in the model's
@@ -217,8 +241,12 @@ class Trainer:
         Raises:
             EveryRankError: when the loss is not finite.
         """
-        if not np.isfinite(metrics["loss"]):
-            raise diverged(f"the global training loss is {metrics['loss']} at epoch {epoch + 1}, step {step + 1}")
+        # A model's own step may report no "loss" (a GAN's two): then every value it reports.
+        watched = {"loss": metrics["loss"]} if "loss" in metrics else {k: v for k, v in metrics.items() if k != "count"}
+        for name, value in watched.items():
+            if not np.isfinite(value):
+                what = "training loss" if name == "loss" else f"training {name}"
+                raise diverged(f"the global {what} is {value} at epoch {epoch + 1}, step {step + 1}")
         return metrics
 
     def _sums_and_state(self, name: str):
@@ -267,6 +295,8 @@ class Trainer:
 
     def evaluate(self) -> dict:
         """The loss and metrics over the whole test set, each example counted once (a collective)."""
+        if self.own_step is not None:
+            return self._evaluate_own()
         sums = np.zeros(self.objective.size)
         if self.stream is None:
             n = int(self.y_test.shape[0])
@@ -283,6 +313,30 @@ class Trainer:
             except tf.errors.OpError as e:
                 raise self.stream.failed_evaluation(e, self.ctx.size, self.ctx.rank) from None
         return self._global_mean(sums, "hvdtrain.eval")
+
+    def _evaluate_own(self) -> dict:
+        """:meth:`evaluate` with the model's own ``test_step``; ``{}`` where there is no test set."""
+        if not self.dataset.num_test:
+            return {}
+        self.objective.load(np.zeros(self.objective.size))
+        if self.stream is None:
+            n = int(tf.nest.flatten(self.test_tensors)[0].shape[0])
+            for start in range(0, n, self.eval_batch_size):
+                self.eval_step(gather_rows(self.test_tensors, tf.range(start, min(start + self.eval_batch_size, n))))
+                self.watchdog.beat(f"evaluation batch at example {start}")
+        else:
+            try:
+                batches = self.stream.test_batches(self.ctx.size, self.ctx.rank, self.eval_batch_size,
+                                                   self.ctx.intra_op_threads)
+                for batch in behind_the_step(batches, self.pipeline_nice):
+                    self.eval_step(batch)
+                    self.watchdog.beat("an evaluation batch")
+            except tf.errors.OpError as e:
+                raise self.stream.failed_evaluation(e, self.ctx.size, self.ctx.rank) from None
+        results = self._global_mean(self.objective.read().numpy(), "hvdtrain.eval")
+        for name in self.objective.extras:  # the training step's, not the evaluation's
+            results.pop(name, None)
+        return results
 
     def _write_hook(self, hook: str, *args) -> None:
         """Call ``hook`` (``on_train_begin``, ``on_save_point``, ``on_epoch_end`` or
@@ -357,6 +411,8 @@ class Trainer:
             # The sums of the steps before `first` are global: they enter once, on rank 0.
             carried = self.objective.start_sums(here if here.mid_epoch else None)
             self._sums.assign(carried if self.ctx.is_chief else np.zeros_like(carried))
+            if self.own_step is not None:  # the model's metric variables hold the sums
+                self.objective.load(self._sums.numpy())
             began = time.perf_counter()
             for step, inputs, global_count in self._epoch_inputs(epoch, first, here.example):
                 if self.backward_passes_per_step > 1:
@@ -380,12 +436,12 @@ class Trainer:
             # Checked before the evaluation, which NaN weights would spoil.
             train = self._check_saveable(sums, non_finite, epoch, steps - 1)
             test = self.evaluate()
-            if not np.isfinite(test["loss"]):  # finite variables, but outputs that overflow
+            if not np.isfinite(test.get("loss", 0.0)):  # finite variables, but outputs that overflow
                 raise diverged(f"the global test loss is {test['loss']} after epoch {epoch + 1}")
             metrics = {
                 **prefixed("train", train), **prefixed("test", test),
                 "train_examples": train["count"],
-                "images_per_sec": (train["count"] - carried[1]) / elapsed,
+                "images_per_sec": (train["count"] - self.objective.examples(carried)) / elapsed,
                 "epoch_time_s": elapsed,
                 "lr": last_learning_rate(self.optimizer),
                 "world_size": self.ctx.size,
@@ -404,5 +460,7 @@ class Trainer:
             test = self.evaluate()
             metrics = {**prefixed("test", test), "world_size": self.ctx.size}
             self._write_hook("on_evaluation_only", start, metrics)
+        if self.own_step is not None:  # the model's metrics held this rank's sums: every rank's model alike
+            self.objective.load(np.zeros(self.objective.size))
         return metrics
 

@@ -1,0 +1,228 @@
+"""Steps 2-4 of the recipe for a Keras model object, trained by its own ``train_step``.
+
+:func:`hvdtrain.fit` takes this path for a model object (built, or compiled; Keras' default step
+or the model's own): the data in any of Keras' ``fit`` forms (:mod:`hvdtrain.data.examples`), the
+model compiled as the user compiled it (or with ``fit``'s loss, metrics and optimizer), every
+optimizer it holds wrapped by :class:`~hvdtrain.keras_step.GradientExchange`, and one probe step
+that builds what a first step builds. Steps 1 and 5-9 are the recipe's own
+(:mod:`hvdtrain.recipe`), and so is the training loop (:class:`hvdtrain.trainer.Trainer`).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import List, Optional
+
+import tensorflow as tf
+
+from hvdtrain import kerases
+from hvdtrain.config import Config
+from hvdtrain.data.examples import Examples, StreamedExamples, as_example, class_weights, gather_rows
+from hvdtrain.data.sharding import ShardPlan
+from hvdtrain.errors import EveryRankError, HvdtrainError
+from hvdtrain.keras_step import GradientExchange, MetricSums, model_optimizers, probe
+from hvdtrain.runtime.dist import DistContext
+from hvdtrain.runtime.watchdog import Watchdog
+
+
+def is_model_object(model) -> bool:
+    """A Keras 2 or 3 ``Model`` instance (not a build function, not a built-in model's name)."""
+    version = kerases.version_of(model)
+    return bool(version) and not isinstance(model, type) and isinstance(model, kerases.module(version).Model)
+
+
+@dataclasses.dataclass
+class OwnStep:
+    """Step 4's result on this path.
+
+    Attributes:
+        exchange: the gradient exchange every optimizer of the model goes through.
+        optimizers: those optimizers (the first reports the learning rate and counts updates).
+        objective: the model's metrics as sums (:class:`~hvdtrain.keras_step.MetricSums`).
+        schedule: hvdtrain's warmup schedule where hvdtrain made the optimizer, else None.
+        step: what trains, for the banner: ``"Keras' default train_step"`` or ``"<Class>.train_step"``.
+    """
+
+    exchange: GradientExchange
+    optimizers: list
+    objective: MetricSums
+    schedule: Optional[object]
+    step: str
+
+
+def examples_from(data, *, x=None, y=None, sample_weight=None, class_weight=None, validation_data=None,
+                  shuffle_buffer: int = 10_000, seed: int = 0):
+    """``fit``'s data for a model object as :class:`Examples` or :class:`StreamedExamples`.
+
+    Args:
+        data: ``(x_train, y_train, x_test, y_test)`` (each part any nest of arrays),
+            ``(train, test)`` ``tf.data`` datasets of unbatched examples (``test`` may be None), or
+            None with ``x`` (and ``y``, ``sample_weight``), as Keras' ``fit`` takes them.
+        validation_data: with ``x``: ``(x, y[, sample_weight])`` for evaluation.
+        class_weight: ``{class: weight}`` for one label array (Keras' rule).
+
+    Raises:
+        HvdtrainError: for forms it does not take, both ``sample_weight`` and ``class_weight``, or a
+            ``class_weight`` for a class no label holds.
+    """
+    if isinstance(data, (tuple, list)) and len(data) == 2 and any(isinstance(d, tf.data.Dataset) for d in data):
+        if class_weight is not None:
+            raise HvdtrainError("hvdtrain.fit: class_weight with tf.data datasets: put the weights in the elements, "
+                                "(x, y, sample_weight)")
+        return StreamedExamples(data[0], data[1], shuffle_buffer, seed)
+    if isinstance(data, tf.data.Dataset):
+        raise HvdtrainError("hvdtrain.fit(data=...) got one tf.data.Dataset; pass (train, test) or (train, None)")
+    if data is not None:
+        if not isinstance(data, (tuple, list)) or len(data) != 4 or x is not None:
+            raise HvdtrainError("hvdtrain.fit(model, data): data is (x_train, y_train, x_test, y_test), (train, test) "
+                                "tf.data datasets, or give x=, y=, validation_data= as Keras' fit takes them")
+        x, y, vx, vy = data
+        validation_data = (vx, vy) if vx is not None else None
+    if x is None:
+        raise HvdtrainError("hvdtrain.fit: no training data: give data=(x_train, y_train, x_test, y_test), "
+                            "(train, test) datasets, or x= (and y=)")
+    if class_weight is not None:
+        if sample_weight is not None:
+            raise HvdtrainError("hvdtrain.fit: give sample_weight or class_weight, not both (Keras' rule)")
+        sample_weight = class_weights(y, class_weight, "hvdtrain.fit(class_weight=...)")
+    if sample_weight is not None and y is None:
+        raise HvdtrainError("hvdtrain.fit: sample_weight without y")
+    train = (x,) if y is None else (x, y) if sample_weight is None else (x, y, sample_weight)
+    test = as_example(tuple(validation_data), "validation_data") if validation_data is not None else None
+    return Examples(train, test)
+
+
+def open_examples(ctx: DistContext, config: Config, parts, watchdog: Watchdog):
+    """Step 2 on this path: the caller's examples, checked alike on every rank; the shard plan.
+
+    Raises:
+        EveryRankError: for a training set smaller than one global batch.
+        FoundHere / PeerFailure: for a rank whose examples differ from rank 0's.
+    """
+    from hvdtrain.recipe_steps import RankData, agree_on_data
+
+    watchdog.beat("loading data")
+    kerases.set_random_seed(config.seed)
+    examples = parts.examples
+    fingerprint = ctx.guarded("reading the data", examples.fingerprint)
+    agree_on_data(ctx, fingerprint)
+    plan = ShardPlan(examples.num_train, config.batch_size, ctx.size, ctx.rank, seed=config.seed)
+    if examples.num_train < plan.global_batch:
+        raise EveryRankError(f"{examples.name}: {examples.num_train} training examples are fewer than one global "
+                             f"batch ({ctx.size} ranks x batch size {config.batch_size}); use a smaller batch size")
+    return RankData(examples, None, fingerprint, plan)
+
+
+def refuse_settings(config: Config) -> None:
+    """What this path does not do yet, refused by name rather than ignored.
+
+    Raises:
+        EveryRankError: for ``--elastic``, ``--precision fp16``, ``--xla`` or gradient accumulation.
+    """
+    refused = [name for name, on in (("elastic", config.elastic.enabled), ("precision fp16", config.compute.precision == "fp16"),
+                                     ("xla", config.compute.xla),
+                                     ("backward_passes_per_step > 1", config.optim.backward_passes_per_step > 1)) if on]
+    if refused:
+        raise EveryRankError(f"a Keras model object trains by its own train_step, which hvdtrain does not yet run with "
+                             f"{', '.join(refused)}; pass a build function (model_fn(input_shape, num_classes)) for them")
+
+
+def _compiled(model) -> bool:
+    return bool(getattr(model, "compiled", False) or getattr(model, "_is_compiled", False))
+
+
+def build_model(ctx: DistContext, config: Config, parts, data):
+    """Step 3 on this path: the caller's model (BatchNorm synchronized with ``convert_sync_bn``),
+    compiled: as the caller compiled it, or with ``fit``'s loss, metrics and optimizer (hvdtrain's
+    configured optimizer, on its warmup schedule, where none is given).
+
+    Returns:
+        ``(model, keras, schedule)``: hvdtrain's schedule, or None for the caller's optimizer.
+
+    Raises:
+        EveryRankError: for settings this path refuses (:func:`refuse_settings`).
+        HvdtrainError: for ``fit``'s loss, metrics or optimizer given with an already compiled model,
+            or a model of two Kerases.
+    """
+    from hvdtrain.model.convert import convert_sync_batchnorm
+    from hvdtrain.optim import configured_optimizer
+
+    refuse_settings(config)
+    model = parts.model
+    keras = kerases.module(kerases.choose(kerases.version_of(model), model=model, optimizer=parts.optimizer))
+    given = {k: v for k, v in (("loss", parts.loss), ("metrics", parts.metrics), ("optimizer", parts.optimizer))
+             if v is not None}
+    if _compiled(model) and given and not config.model.convert_sync_bn:
+        raise HvdtrainError(f"hvdtrain.fit: the model is compiled already, and fit got {', '.join(given)} too: give them "
+                            f"to model.compile() or to fit, not both (a compiled model trains as compiled)")
+    if config.model.convert_sync_bn:
+        if _compiled(model):
+            raise HvdtrainError("hvdtrain.fit: convert_sync_bn needs an uncompiled model (the converted model is a new "
+                                "one): compile after hvdtrain.convert_sync_batchnorm(model), or give fit loss= "
+                                "and optimizer=")
+        with tf.device(ctx.device):
+            model = convert_sync_batchnorm(model)
+    schedule = None
+    if not _compiled(model):
+        optimizer = parts.optimizer
+        if optimizer is None:
+            optimizer, schedule = configured_optimizer(config.optim, ctx.size, data.plan.steps_per_epoch,
+                                                       config.epochs, keras)
+        model.compile(optimizer=optimizer, loss=parts.loss, metrics=parts.metrics, loss_weights=parts.loss_weights)
+    return model, keras, schedule
+
+
+def first_batch(data) -> tuple:
+    """A real local batch of this rank (the plan's first), for the probe step."""
+    examples = data.dataset
+    if isinstance(examples, StreamedExamples):
+        batches, _ = examples.train_batches(data.plan, 0)
+        return next(iter(batches))
+    _, indices, _ = next(data.plan.epoch(0))
+    return gather_rows(examples.on_device(examples.train), tf.constant(indices))
+
+
+def build_step(ctx: DistContext, parts, model, data, schedule) -> OwnStep:
+    """Step 4 on this path: every optimizer of the model through one :class:`GradientExchange`,
+    then the probe step (:func:`~hvdtrain.keras_step.probe`) on a real batch.
+
+    Raises:
+        FoundHere / PeerFailure: for a model that holds no optimizer, or a step that fails.
+    """
+    def prepare():
+        optimizers = model_optimizers(model)
+        if not optimizers:
+            raise HvdtrainError(f"{type(model).__name__} holds no optimizer: compile it with one, or give "
+                                f"hvdtrain.fit optimizer=")
+        exchange = GradientExchange(ctx.size)
+        for optimizer in optimizers:
+            exchange.wrap(optimizer)
+        with tf.device(ctx.device):
+            logs = probe(model, exchange, first_batch(data))
+        objective = MetricSums(model, ctx.size)
+        objective.add_extras([k for k in logs if k not in objective.names])
+        return OwnStep(exchange, optimizers, objective, schedule, step_name(model))
+
+    return ctx.guarded("running the model's first step", prepare)
+
+
+def step_name(model) -> str:
+    """What trains: Keras' default ``train_step`` or the model's class's own."""
+    for cls in type(model).__mro__:
+        if "train_step" in vars(cls):
+            if cls.__module__.split(".")[0] in ("keras", "tf_keras"):
+                return "Keras' default train_step"
+            return f"{cls.__name__}.train_step (the model's own)"
+    return "Keras' default train_step"
+
+
+def banner_lines(own: OwnStep) -> List[str]:
+    """Rank 0's lines on what trains and how exact it is."""
+    names = ", ".join(own.objective.names) or "none"
+    exact = ("exact for a loss that is a mean over the batch" if "own" in own.step
+             else "exactly the global batch's gradient")
+    lines = [f"step:  {own.step}; {len(own.optimizers)} optimizer(s), each update's gradients summed over ranks, "
+             f"each rank's weighted by its share of the global batch ({exact})",
+             f"task:  metrics {names} (exact: their sums allreduced over ranks)"]
+    if own.objective.extras:
+        lines.append(f"       {', '.join(own.objective.extras)}: the step's last value, averaged over ranks (not exact)")
+    return lines

@@ -1,0 +1,332 @@
+"""A Keras model's own step on every rank: Keras' default ``train_step`` or the model's, exact over ranks.
+
+Keras puts distribution between a step's gradients and its update (the optimizer's
+``apply``); hvdtrain puts Horovod there (:class:`GradientExchange`). Every optimizer the model
+holds -- ``model.optimizer``, or a GAN's two -- has its ``apply`` (Keras 3) or
+``apply_gradients`` (Keras 2) wrapped so that, before the update, each rank's gradients are
+scaled by ``local count / global count`` and summed over ranks by one grouped allreduce. For a
+loss that is a mean over the batch (Keras' default reduction, with or without sample weights,
+plus ``model.losses``) that is the gradient of the global batch's loss, exactly, also when the
+ranks' local batches differ (the last step of an epoch). A step whose loss is no batch mean is
+trained as Keras' own ``tf.distribute`` would train it, not necessarily as one process would.
+
+Metrics stay exact because every Keras metric keeps sums (totals, counts, confusion matrices):
+:class:`MetricSums` reads the model's metric variables as one float64 vector, which the trainer
+allreduces (:mod:`hvdtrain.trainer`), and computes the results from the global sums. What a
+step returns besides its metrics is averaged over ranks (the last step's value).
+
+Reference: Keras 3 ``TensorFlowTrainer.train_step`` and ``optimizer.apply``; Goyal et al. 2017,
+"Accurate, Large Minibatch SGD" (summed, count-weighted gradients).
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Callable, List, Optional, Sequence, Tuple
+
+import numpy as np
+import tensorflow as tf
+
+from hvdtrain.data.examples import batch_size_of, gather_rows
+from hvdtrain.errors import HvdtrainError
+from hvdtrain.runtime.dist import tf_variable
+
+
+def is_optimizer(obj) -> bool:
+    """A Keras 2 or 3 optimizer (duck-typed: ``apply_gradients`` and ``iterations``)."""
+    return not isinstance(obj, type) and hasattr(type(obj), "apply_gradients") and hasattr(obj, "iterations")
+
+
+def model_optimizers(model) -> list:
+    """Every optimizer ``model`` holds: ``model.optimizer``, then any other attribute that is one
+    (a GAN's ``d_optimizer`` and ``g_optimizer``), each once, in that order."""
+    found = []
+    for value in [getattr(model, "optimizer", None), *vars(model).values()]:
+        if is_optimizer(value) and all(value is not seen for seen in found):
+            found.append(value)
+    return found
+
+
+class GradientExchange:
+    """Sums the gradients of every wrapped optimizer over ranks before its update.
+
+    Args:
+        world_size: ranks; at 1 the gradients are only scaled (by 1 where the batch is whole).
+
+    Attributes:
+        share: float32 scalar variable, this rank's ``local count / global count`` for the step
+            now running (the trainer sets it before each step).
+
+    The exchange of one ``apply``: gradients ``None`` pass as they are (alike on every rank: the
+    same model); ``IndexedSlices`` (embeddings) become dense; then one ``hvd.grouped_allreduce``
+    with ``op=Sum`` of every gradient times ``share``.
+    """
+
+    def __init__(self, world_size: int):
+        self.world_size = world_size
+        self.share = tf.Variable(1.0, trainable=False, dtype=tf.float32, name="hvdtrain_batch_share")
+        self._wrapped: List[Tuple[object, str, Callable]] = []
+        self._dry = False
+
+    def exchange(self, gradients: Sequence) -> list:
+        """``gradients`` (one per variable, any may be None) scaled by :attr:`share`, summed over ranks."""
+        gradients = list(gradients)
+        live = [i for i, g in enumerate(gradients) if g is not None]
+        dense = [tf.convert_to_tensor(gradients[i]) for i in live]
+        dense = [g * tf.cast(self.share, g.dtype) for g in dense]
+        if self.world_size > 1 and dense:
+            import horovod.tensorflow as hvd
+
+            dense = hvd.grouped_allreduce(dense, op=hvd.Sum)
+        for i, g in zip(live, dense):
+            gradients[i] = g
+        return gradients
+
+    def wrap(self, optimizer) -> None:
+        """Route ``optimizer``'s updates through :meth:`exchange` (until :meth:`restore`)."""
+        keras3 = hasattr(optimizer, "stateless_apply")
+        name = "apply" if keras3 else "apply_gradients"
+        original = getattr(optimizer, "_hvdtrain_unwrapped", None) or getattr(optimizer, name)
+        exchange = self
+
+        if keras3:
+            def apply(grads, trainable_variables=None):
+                if exchange._dry:
+                    return exchange._build(optimizer, trainable_variables)
+                return original(exchange.exchange(grads), trainable_variables)
+            wrapped = apply
+        else:
+            def apply_gradients(grads_and_vars, *args, **kwargs):
+                pairs = list(grads_and_vars)
+                variables = [v for _, v in pairs]
+                if exchange._dry:
+                    return exchange._build(optimizer, variables)
+                return original(list(zip(exchange.exchange([g for g, _ in pairs]), variables)), *args, **kwargs)
+            wrapped = apply_gradients
+        object.__setattr__(optimizer, name, wrapped)
+        object.__setattr__(optimizer, "_hvdtrain_unwrapped", original)
+        self._wrapped.append((optimizer, name, original))
+
+    @staticmethod
+    def _build(optimizer, variables) -> None:
+        """Create the optimizer's slots for ``variables`` without an update (:meth:`dry`)."""
+        if hasattr(optimizer, "stateless_apply"):
+            if not optimizer.built:
+                optimizer.build(variables)
+        elif hasattr(optimizer, "_create_all_weights"):  # Keras 2's legacy optimizers
+            optimizer._create_all_weights(variables)  # pylint: disable=protected-access
+        else:
+            optimizer.build(variables)
+
+    @contextlib.contextmanager
+    def dry(self):
+        """Inside, a wrapped ``apply`` builds the optimizer's slots and updates nothing (the probe step)."""
+        self._dry = True
+        try:
+            yield
+        finally:
+            self._dry = False
+
+    def restore(self) -> None:
+        """Give every wrapped optimizer its own update back (``fit`` returns a plain model)."""
+        for optimizer, name, original in reversed(self._wrapped):
+            optimizer.__dict__.pop(name, None)
+            optimizer.__dict__.pop("_hvdtrain_unwrapped", None)
+            if getattr(optimizer, name) != original:  # an instance attribute of the user's own
+                object.__setattr__(optimizer, name, original)
+        self._wrapped.clear()
+
+
+def _flat_logs(logs) -> dict:
+    """A step's returned logs as ``{name: scalar tensor}`` (nested dicts flattened, as Keras' fit does)."""
+    out = {}
+    for key, value in dict(logs or {}).items():
+        if isinstance(value, dict):
+            out.update(_flat_logs(value))
+        else:
+            out[key] = value
+    return out
+
+
+class MetricSums:
+    """The model's metrics as one float64 sums vector ``[examples, *metric variables, *extras]``.
+
+    Args:
+        model: the compiled (and probed: :func:`probe`) Keras model; its metric variables hold
+            sums, as every Keras metric's do.
+        world_size: ranks (what the step returns besides its metrics is their sum / world_size).
+
+    The trainer's protocol (as :class:`hvdtrain.task.Objective`'s): ``size``, ``layout``,
+    :meth:`results`, :meth:`start_sums`, :meth:`examples`; and :meth:`load`, :meth:`read`.
+    """
+
+    def __init__(self, model, world_size: int = 1):
+        self.model, self.world_size = model, world_size
+        self.variables = [tf_variable(v) for m in model.metrics for v in m.variables]
+        self.shapes = [tuple(v.shape) for v in self.variables]
+        self.extras: List[str] = []
+        self.examples_seen = tf.Variable(0.0, dtype=tf.float64, trainable=False, name="hvdtrain_examples")
+        self.names = list(self.metric_results().keys())
+
+    def add_extras(self, names: Sequence[str]) -> None:
+        """Also carry these values the step returns (the last step's, averaged over ranks)."""
+        self.extras += list(names)
+
+    @property
+    def size(self) -> int:
+        return 1 + sum(int(np.prod(s)) for s in self.shapes) + len(self.extras)
+
+    @property
+    def layout(self) -> Tuple[str, ...]:
+        return tuple(f"{v.name}:{int(np.prod(s))}" for v, s in zip(self.variables, self.shapes)) + tuple(self.extras)
+
+    def read(self, logs: Optional[dict] = None) -> tf.Tensor:
+        """float64 ``(size,)``: the sums now (inside a compiled step, with its returned ``logs``)."""
+        parts = [tf.reshape(self.examples_seen, [1])]
+        parts += [tf.reshape(tf.cast(v, tf.float64), [-1]) for v in self.variables]
+        flat = _flat_logs(logs)
+        parts += [tf.reshape(tf.cast(flat[k], tf.float64), [1]) if logs is not None else tf.zeros([1], tf.float64)
+                  for k in self.extras]
+        return tf.concat(parts, 0)
+
+    def load(self, values) -> None:
+        """Set the examples count and every metric variable from a sums vector (eager)."""
+        values = np.asarray(values, np.float64)
+        self.examples_seen.assign(values[0])
+        offset = 1
+        for variable, shape in zip(self.variables, self.shapes):
+            n = int(np.prod(shape))
+            variable.assign(values[offset:offset + n].reshape(shape).astype(variable.dtype.as_numpy_dtype))
+            offset += n
+
+    def metric_results(self) -> dict:
+        """``{name: float}`` of the model's metrics as they stand (Keras' own ``result()``)."""
+        get = getattr(self.model, "get_metrics_result", None)
+        results = get() if get is not None else {m.name: m.result() for m in self.model.metrics}
+        return {k: float(np.asarray(v)) for k, v in _flat_logs(results).items() if np.asarray(v).size == 1}
+
+    def results(self, sums) -> dict:
+        """``{metric: value, extra: mean over ranks, "count": examples}`` from global sums."""
+        sums = np.asarray(sums, np.float64)
+        saved = self.read().numpy()
+        self.load(sums)
+        try:
+            out = self.metric_results()
+        finally:
+            self.load(saved)
+        tail = sums[self.size - len(self.extras):]
+        out.update({k: float(v) / self.world_size for k, v in zip(self.extras, tail)})
+        out["count"] = int(sums[0])
+        return out
+
+    @staticmethod
+    def examples(sums) -> float:
+        return float(np.asarray(sums)[0])
+
+    def start_sums(self, position=None) -> np.ndarray:
+        """An epoch's sums so far: a resumed mid-epoch position's, or zeros.
+
+        Raises:
+            HvdtrainError: for sums of other metrics (another model's checkpoint).
+        """
+        sums = position.epoch_sums if position is not None else None
+        if not sums:
+            return np.zeros(self.size)
+        if len(sums) != self.size or (position.sums_layout is not None and tuple(position.sums_layout) != self.layout):
+            raise HvdtrainError("the checkpoint, mid-epoch, holds the sums of other metrics than this model's: "
+                                "resume with the model and metrics of the run that wrote it")
+        return np.asarray(sums, np.float64)
+
+
+def built_variables(model) -> list:
+    """``model.variables``, or ``[]`` for a Keras 2 model not built yet (it raises): its first step builds it."""
+    try:
+        return list(model.variables)
+    except ValueError:
+        return []
+
+
+def probe(model, exchange: GradientExchange, batch: tuple) -> dict:
+    """Run the model's ``train_step`` once, eagerly, on a real local ``batch`` with no update: it
+    builds what Keras builds at a first step (the model itself if it is not built, the compiled
+    loss and metrics, every optimizer's slots) so that all of it can be broadcast and checkpointed,
+    and a step that fails is named here. The variables the model had are as before (one it builds
+    here keeps what the forward pass wrote: BatchNorm's first moving statistics; rank 0's are
+    broadcast); its metrics are reset.
+
+    Returns:
+        The step's logs, ``{name: float}``.
+
+    Raises:
+        HvdtrainError: naming the model's step and the error it raised.
+    """
+    before = {id(v): v.numpy() for v in built_variables(model)}
+    try:
+        with exchange.dry():
+            logs = model.train_step(batch)
+    except HvdtrainError:
+        raise
+    except Exception as e:  # noqa: BLE001 -- the user's code: named as theirs
+        first = (str(e).strip().splitlines() or [""])[0]
+        raise HvdtrainError(f"{type(model).__name__}.train_step fails on a batch of {int(batch_size_of(batch))} "
+                            f"examples: {type(e).__name__}: {first}") from e
+    for v in model.variables:
+        if id(v) in before:
+            v.assign(before[id(v)])
+    for m in model.metrics:
+        m.reset_state()
+    return {k: v for k, v in _flat_logs(logs).items()}
+
+
+def per_batch_size(fn: Callable, specs: Callable) -> Callable:
+    """``fn`` traced once per batch size ``b`` (of its first argument's first leaf), with the specs
+    ``specs(b)``: Keras 3 weighs each output's loss metric by the batch's *static* size, which a
+    ``None`` batch dimension would lose; other dimensions stay as ``specs`` gives them (a padded
+    sequence's length varies without a trace). An epoch has at most three local batch sizes."""
+    traced = {}
+
+    def call(*args):
+        b = int(tf.nest.flatten(args[0])[0].shape[0])
+        if b not in traced:
+            traced[b] = fn.get_concrete_function(*specs(b))
+        return traced[b](*args)
+
+    return call
+
+
+def _with_batch(spec, b: int):
+    return tf.nest.map_structure(lambda s: tf.TensorSpec([b, *s.shape.as_list()[1:]], s.dtype), spec)
+
+
+def make_keras_steps(model, exchange: GradientExchange, objective: MetricSums, sums: tf.Variable, spec,
+                     gather_from: Optional[tuple] = None) -> Tuple[Callable, Callable]:
+    """This rank's compiled ``(train_step, eval_step)`` of the model's own ``train_step`` and ``test_step``.
+
+    Args:
+        spec: the ``tf.TypeSpec`` nest of one batch (``Examples.batch_spec``).
+        gather_from: in memory, the training tensors: ``train_step`` is then called with int32
+            ``(b,)`` indices into them, not with the batch.
+
+    Returns:
+        ``train_step(batch or indices, global_count)``: one step, the exchange's share set from the
+        batch's rows and the float32 global count, ``sums`` set to :meth:`MetricSums.read`;
+        ``eval_step(batch)``: the model's ``test_step`` (the metrics accumulate). Each is traced
+        once per local batch size (:func:`per_batch_size`).
+    """
+    @tf.function
+    def train_step(batch, global_count):
+        data = gather_rows(gather_from, batch) if gather_from is not None else batch
+        local = batch_size_of(data)
+        exchange.share.assign(tf.cast(local, tf.float32) / global_count)
+        logs = model.train_step(data)
+        objective.examples_seen.assign_add(tf.cast(local, tf.float64))
+        sums.assign(objective.read(logs))
+
+    @tf.function
+    def eval_step(batch):
+        model.test_step(batch)
+        objective.examples_seen.assign_add(tf.cast(batch_size_of(batch), tf.float64))
+
+    scalar = tf.TensorSpec([], tf.float32)
+    train_specs = ((lambda b: (tf.TensorSpec([b], tf.int32), scalar)) if gather_from is not None
+                   else (lambda b: (_with_batch(spec, b), scalar)))
+    return per_batch_size(train_step, train_specs), per_batch_size(eval_step, lambda b: (_with_batch(spec, b),))
