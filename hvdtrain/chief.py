@@ -67,9 +67,7 @@ def banner(ctx: DistContext, config: Config, dataset, plan: ShardPlan, schedule,
     model_name = model_name or config.model.name
     norm = ("user model" if model_name not in BUILTIN_MODELS
             else ("synchronized" if config.model.sync_bn else "per-rank") + " BatchNorm")
-    if own_step is not None:
-        from hvdtrain.keras_recipe import banner_lines
-    else:
+    if own_step is None:
         loss, metrics = ((objective.loss.name, [m.name for m in objective.metrics]) if objective is not None
                          else (config.task.loss, config.task.metric_names))
     return "\n".join([
@@ -91,7 +89,7 @@ def banner(ctx: DistContext, config: Config, dataset, plan: ShardPlan, schedule,
         f"model: {model_name} ({norm}), {model.count_params():,} parameters, {config.compute.precision}"
         + (" (dynamic loss scaling)" if config.compute.precision == "fp16" else "")
         + (", forward and backward pass compiled by XLA" if config.compute.xla else ""),
-        *(banner_lines(own_step) if own_step is not None else [
+        *(own_step.banner_lines() if own_step is not None else [
             f"task:  loss {loss}" + (f" (label smoothing {config.task.label_smoothing:g})"
                                      if config.task.label_smoothing else "")
             + f"; metrics {', '.join(metrics) or 'none'} (exact: sums allreduced over ranks)"]),

@@ -48,6 +48,19 @@ class OwnStep:
     schedule: Optional[object]
     step: str
 
+    def banner_lines(self) -> List[str]:
+        """Rank 0's lines on what trains and how exact it is."""
+        names = ", ".join(self.objective.names) or "none"
+        exact = ("exact for a loss that is a mean over the batch" if "own" in self.step
+                 else "exactly the global batch's gradient")
+        lines = [f"step:  {self.step}; {len(self.optimizers)} optimizer(s), each update's gradients summed over "
+                 f"ranks, each rank's weighted by its share of the global batch ({exact})",
+                 f"task:  metrics {names} (exact: their sums allreduced over ranks)"]
+        if self.objective.extras:
+            lines.append(f"       {', '.join(self.objective.extras)}: the step's last value, averaged over ranks "
+                         f"(not exact)")
+        return lines
+
 
 def examples_from(data, *, x=None, y=None, sample_weight=None, class_weight=None, validation_data=None,
                   shuffle_buffer: int = 10_000, seed: int = 0):
@@ -213,16 +226,3 @@ def step_name(model) -> str:
                 return "Keras' default train_step"
             return f"{cls.__name__}.train_step (the model's own)"
     return "Keras' default train_step"
-
-
-def banner_lines(own: OwnStep) -> List[str]:
-    """Rank 0's lines on what trains and how exact it is."""
-    names = ", ".join(own.objective.names) or "none"
-    exact = ("exact for a loss that is a mean over the batch" if "own" in own.step
-             else "exactly the global batch's gradient")
-    lines = [f"step:  {own.step}; {len(own.optimizers)} optimizer(s), each update's gradients summed over ranks, "
-             f"each rank's weighted by its share of the global batch ({exact})",
-             f"task:  metrics {names} (exact: their sums allreduced over ranks)"]
-    if own.objective.extras:
-        lines.append(f"       {', '.join(own.objective.extras)}: the step's last value, averaged over ranks (not exact)")
-    return lines

@@ -330,3 +330,36 @@ def make_keras_steps(model, exchange: GradientExchange, objective: MetricSums, s
     train_specs = ((lambda b: (tf.TensorSpec([b], tf.int32), scalar)) if gather_from is not None
                    else (lambda b: (_with_batch(spec, b), scalar)))
     return per_batch_size(train_step, train_specs), per_batch_size(eval_step, lambda b: (_with_batch(spec, b),))
+
+
+def own_step_functions(model, own_step, examples, world_size: int, rank: int, in_memory: bool):
+    """The trainer's parts for a model's own step (call under the rank's device): ``(sums,
+    train_step, eval_step, test_tensors)``: the float64 sums variable, the compiled steps
+    (:func:`make_keras_steps`) and, in memory, this rank's shard of the test set as tensors (else None)."""
+    from hvdtrain.data.sharding import eval_shard
+
+    sums = tf.Variable(tf.zeros(own_step.objective.size, tf.float64), trainable=False, name="epoch_sums")
+    test = None
+    if in_memory and examples.test is not None:
+        mine = eval_shard(examples.num_test, world_size, rank)
+        test = examples.on_device(tf.nest.map_structure(lambda a: a[mine], examples.test))
+    train_step, eval_step = make_keras_steps(model, own_step.exchange, own_step.objective, sums,
+                                             examples.batch_spec(), examples.on_device(examples.train) if in_memory
+                                             else None)
+    return sums, train_step, eval_step, test
+
+
+def test_rows(tensors: tuple, batch_size: int):
+    """Batches of up to ``batch_size`` rows of in-memory test tensors, in order."""
+    n = int(tf.nest.flatten(tensors)[0].shape[0])
+    for start in range(0, n, batch_size):
+        yield gather_rows(tensors, tf.range(start, min(start + batch_size, n)))
+
+
+def evaluate_locally(eval_step: Callable, objective: MetricSums, batches, beat: Callable) -> np.ndarray:
+    """This rank's metric sums over ``batches`` (float64 ``(size,)``), from zeroed metrics."""
+    objective.load(np.zeros(objective.size))
+    for batch in batches:
+        eval_step(batch)
+        beat()
+    return objective.read().numpy()

@@ -28,8 +28,8 @@ from hvdtrain.runtime.dist import DistContext, in_collective
 from hvdtrain.runtime.watchdog import Watchdog
 from hvdtrain.position import TrainPosition
 from hvdtrain.step import gathered, make_train_step, streamed, to_model_input
-from hvdtrain.data.examples import StreamedExamples, gather_rows
-from hvdtrain.keras_step import make_keras_steps
+from hvdtrain.data.examples import StreamedExamples
+from hvdtrain.keras_step import evaluate_locally, own_step_functions, test_rows
 
 
 FIRST_BATCH_MAX_S = 3600.0  # how long the stall check waits for a stream's first batch of an epoch
@@ -104,20 +104,13 @@ class Trainer:
         self.callbacks = list(callbacks or [])
         if not ctx.is_chief and any(cb.chief_only for cb in self.callbacks):
             raise ValueError("chief-only callbacks given to a non-chief rank")
-        self.own_step = own_step
+        self.own_step, self.dataset = own_step, dataset
         self.stream = dataset if isinstance(dataset, (StreamingDataset, StreamedExamples)) else None
-        self.dataset = dataset
         with tf.device(ctx.device):
             if own_step is not None:
                 self.objective = own_step.objective
-                self._sums = tf.Variable(tf.zeros(self.objective.size, tf.float64), trainable=False, name="epoch_sums")
-                self.test_tensors = None
-                if self.stream is None and dataset.test is not None:
-                    self.test_tensors = dataset.on_device(tf.nest.map_structure(
-                        lambda a: a[eval_shard(dataset.num_test, ctx.size, ctx.rank)], dataset.test))
-                self.train_step, self.eval_step = make_keras_steps(
-                    model, own_step.exchange, self.objective, self._sums, dataset.batch_spec(),
-                    dataset.on_device(dataset.train) if self.stream is None else None)
+                self._sums, self.train_step, self.eval_step, self.test_tensors = own_step_functions(
+                    model, own_step, dataset, ctx.size, ctx.rank, in_memory=self.stream is None)
                 self.local_gradients = None
             elif self.stream is None:
                 test = eval_shard(dataset.num_test, ctx.size, ctx.rank)
@@ -131,8 +124,7 @@ class Trainer:
             # The objective's local sums since the epoch began (loss, examples, each metric's),
             # float64 so that sums over an epoch stay exact.
             if own_step is None:
-                self._sums = tf.Variable(tf.zeros(self.objective.size, tf.float64), trainable=False,
-                                         name="epoch_sums")
+                self._sums = tf.Variable(tf.zeros(self.objective.size, tf.float64), trainable=False, name="epoch_sums")
         if own_step is None:
             self.train_step, self.local_gradients = make_train_step(model, optimizer, ctx.size, inputs, self.objective,
                                                                     self._sums, loss_scale, xla)
@@ -245,8 +237,7 @@ class Trainer:
         watched = {"loss": metrics["loss"]} if "loss" in metrics else {k: v for k, v in metrics.items() if k != "count"}
         for name, value in watched.items():
             if not np.isfinite(value):
-                what = "training loss" if name == "loss" else f"training {name}"
-                raise diverged(f"the global {what} is {value} at epoch {epoch + 1}, step {step + 1}")
+                raise diverged(f"the global training {name} is {value} at epoch {epoch + 1}, step {step + 1}")
         return metrics
 
     def _sums_and_state(self, name: str):
@@ -318,25 +309,18 @@ class Trainer:
         """:meth:`evaluate` with the model's own ``test_step``; ``{}`` where there is no test set."""
         if not self.dataset.num_test:
             return {}
-        self.objective.load(np.zeros(self.objective.size))
         if self.stream is None:
-            n = int(tf.nest.flatten(self.test_tensors)[0].shape[0])
-            for start in range(0, n, self.eval_batch_size):
-                self.eval_step(gather_rows(self.test_tensors, tf.range(start, min(start + self.eval_batch_size, n))))
-                self.watchdog.beat(f"evaluation batch at example {start}")
+            batches = test_rows(self.test_tensors, self.eval_batch_size)
         else:
-            try:
-                batches = self.stream.test_batches(self.ctx.size, self.ctx.rank, self.eval_batch_size,
-                                                   self.ctx.intra_op_threads)
-                for batch in behind_the_step(batches, self.pipeline_nice):
-                    self.eval_step(batch)
-                    self.watchdog.beat("an evaluation batch")
-            except tf.errors.OpError as e:
-                raise self.stream.failed_evaluation(e, self.ctx.size, self.ctx.rank) from None
-        results = self._global_mean(self.objective.read().numpy(), "hvdtrain.eval")
-        for name in self.objective.extras:  # the training step's, not the evaluation's
-            results.pop(name, None)
-        return results
+            batches = behind_the_step(self.stream.test_batches(self.ctx.size, self.ctx.rank, self.eval_batch_size,
+                                                               self.ctx.intra_op_threads), self.pipeline_nice)
+        try:
+            local = evaluate_locally(self.eval_step, self.objective, batches,
+                                     lambda: self.watchdog.beat("an evaluation batch"))
+        except tf.errors.OpError as e:
+            raise self.stream.failed_evaluation(e, self.ctx.size, self.ctx.rank) from None
+        results = self._global_mean(local, "hvdtrain.eval")
+        return {k: v for k, v in results.items() if k not in self.objective.extras}  # the training step's
 
     def _write_hook(self, hook: str, *args) -> None:
         """Call ``hook`` (``on_train_begin``, ``on_save_point``, ``on_epoch_end`` or

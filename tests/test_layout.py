@@ -79,6 +79,7 @@ TESTED_ELSEWHERE = {
     "hvdtrain.data.labels": "label checks: test_bad_input.py and data/test_in_memory.py, on every kind of data",
     "hvdtrain.data.loading": "opening the configured dataset: every run; ranks with other data in test_bad_input.py",
     "hvdtrain.ending": "every way a run ends, with real ranks: test_faults.py, test_cli.py, test_bad_input.py",
+    "hvdtrain.keras_recipe": "a Keras model object's recipe steps at 2 ranks: test_keras_step.py; its data forms: data/test_examples.py",
     "hvdtrain.keras_callbacks": "a user's Keras callbacks at 2 ranks: test_users_keras.py, test_api.py",
     "hvdtrain.model.moving_statistics": "per-rank moving statistics averaged: test_trainer.py, model/test_sync_bn_keras*.py",
     "hvdtrain.model.sync_bn_kernels": "the kernels against TensorFlow's ops: model/test_sync_bn.py",

@@ -1,6 +1,6 @@
 """Keras model objects trained by hvdtrain.fit through their own step, one case after another in one
 process (so fit runs again and again, and Horovod is used after it): the oracle of
-tests/test_own_step.py compares np=2 at local batch B with one process at 2B.
+tests/test_keras_step.py compares np=2 at local batch B with one process at 2B.
 
     python own_steps.py OUT_DIR KERAS BATCH CASE[,CASE...]   KERAS: 2 | 3
 
