@@ -19,7 +19,7 @@ from hvdtrain.config import Config
 from hvdtrain.data.examples import Examples, StreamedExamples, as_example, class_weights, gather_rows
 from hvdtrain.data.sharding import ShardPlan
 from hvdtrain.errors import EveryRankError, HvdtrainError
-from hvdtrain.keras_step import GradientExchange, MetricSums, model_optimizers, probe
+from hvdtrain.keras_step import GradientExchange, MetricSums, model_optimizers, probe, step_name
 from hvdtrain.runtime.dist import DistContext
 from hvdtrain.runtime.watchdog import Watchdog
 
@@ -216,13 +216,3 @@ def build_step(ctx: DistContext, parts, model, data, schedule) -> OwnStep:
         return OwnStep(exchange, optimizers, objective, schedule, step_name(model))
 
     return ctx.guarded("running the model's first step", prepare)
-
-
-def step_name(model) -> str:
-    """What trains: Keras' default ``train_step`` or the model's class's own."""
-    for cls in type(model).__mro__:
-        if "train_step" in vars(cls):
-            if cls.__module__.split(".")[0] in ("keras", "tf_keras"):
-                return "Keras' default train_step"
-            return f"{cls.__name__}.train_step (the model's own)"
-    return "Keras' default train_step"

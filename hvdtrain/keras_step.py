@@ -36,6 +36,16 @@ def is_optimizer(obj) -> bool:
     return not isinstance(obj, type) and hasattr(type(obj), "apply_gradients") and hasattr(obj, "iterations")
 
 
+def step_name(model) -> str:
+    """What trains: Keras' default ``train_step`` or the model's class's own."""
+    for cls in type(model).__mro__:
+        if "train_step" in vars(cls):
+            if cls.__module__.split(".")[0] in ("keras", "tf_keras"):
+                return "Keras' default train_step"
+            return f"{cls.__name__}.train_step (the model's own)"
+    return "Keras' default train_step"
+
+
 def model_optimizers(model) -> list:
     """Every optimizer ``model`` holds: ``model.optimizer``, then any other attribute that is one
     (a GAN's ``d_optimizer`` and ``g_optimizer``), each once, in that order."""

@@ -34,6 +34,7 @@ from hvdtrain.errors import EveryRankError, HvdtrainError
 from hvdtrain.console import say
 from hvdtrain.kerases import set_random_seed
 from hvdtrain.keras_callbacks import KerasCallbacks, is_keras_callback
+from hvdtrain.keras_step import step_name
 from hvdtrain.losses import get_loss
 from hvdtrain.task import Objective
 from hvdtrain.model import sync_bn_kernels
@@ -166,6 +167,7 @@ def build_rank_model(ctx: DistContext, config: Config, parts: Parts, data: RankD
             parts.model or config.model.name, dataset.input_shape, dataset.num_classes, sync_bn=config.model.sync_bn,
             seed=config.seed, rank=ctx.rank, convert_sync_bn=config.model.convert_sync_bn, world_size=ctx.size,
             keras=config.model.keras, **expected_outputs(data.objective.loss, dataset)))
+    ctx.guarded("checking the model's step", lambda: refuse_own_step(model))
     ctx.guarded("checking the loss and metrics", lambda: check_objective(data.objective, model, dataset))
     keras = kerases.module(ctx.guarded("checking the Keras objects", lambda: kerases.choose(
         kerases.version_of(model), model=model, optimizer=parts.optimizer, loss=parts.loss,
@@ -331,6 +333,18 @@ def agree_on_data(ctx: DistContext, fingerprint: dict) -> None:
     """
     chief = ctx.broadcast_object(fingerprint, name="hvdtrain.data_fingerprint")
     ctx.agree(data_mismatch(ctx.rank, fingerprint, chief) if fingerprint != chief else None, "checking the data")
+
+
+def refuse_own_step(model) -> None:
+    """A model function's model with its own ``train_step`` is never trained by hvdtrain's step instead.
+
+    Raises:
+        HvdtrainError: naming the class, and how to train it by its own step.
+    """
+    if "own" in step_name(model):
+        raise HvdtrainError(f"the model function's {type(model).__name__} has its own train_step, which hvdtrain's image "
+                            f"step would replace: build the model and pass the model object, hvdtrain.fit(model, ...), "
+                            f"to train it by its own step")
 
 
 def refuse_collectives_under_xla(model, world_size: int) -> None:
