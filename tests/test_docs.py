@@ -82,7 +82,7 @@ def test_the_readme_is_a_ten_minute_read():
     lines = (REPO / "README.md").read_text().splitlines()
     assert len(lines) <= 300, f"README.md has {len(lines)} lines: reference material goes to docs/"
     headings = [line for line in lines if line.startswith("## ")]
-    assert headings == ["## From the command line", "## From Python", "## What it does", "## Main flags",
+    assert headings == ["## From the command line", "## From Python", "## What it trains", "## What it does", "## Main flags",
                         "## Read more"]
 
 
