@@ -110,7 +110,8 @@ class EpochLine(Callback):
         self.epochs = epochs
 
     def on_epoch_end(self, epoch, m):
-        say(f"epoch {epoch + 1:>3}/{self.epochs}  {split_text(m, 'train')}  {split_text(m, 'test')}  "
+        test = f"{split_text(m, 'test')}  " if any(k.startswith("test_") for k in m) else ""  # a run may have none
+        say(f"epoch {epoch + 1:>3}/{self.epochs}  {split_text(m, 'train')}  {test}"
             f"{m['images_per_sec']:,.0f} img/s  {m['epoch_time_s']:.1f} s  lr {m['lr']:.4g}")
 
 
@@ -119,8 +120,8 @@ _SHORT = {"accuracy": "acc"}  # names shortened in the lines printed
 
 def split_text(metrics: dict, split: str) -> str:
     """``"train loss 0.3120 acc 0.8870"``: the loss and metrics of ``split`` in an epoch's ``metrics``
-    (its ``<split>_<name>`` keys; the test split's are exactly the objective's)."""
-    names = [key[5:] for key in metrics if key.startswith("test_")]
+    (its ``<split>_<name>`` keys, ``train_examples`` aside)."""
+    names = [key[len(split) + 1:] for key in metrics if key.startswith(f"{split}_") and key != "train_examples"]
     return " ".join([split] + [f"{_SHORT.get(name, name)} {metrics[f'{split}_{name}']:.4f}" for name in names])
 
 

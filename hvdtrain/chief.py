@@ -1,6 +1,8 @@
 """Rank 0's part of a run: its start-up lines and its side effects (the recipe's one rank-0 block)."""
 from __future__ import annotations
 
+import numpy as np
+
 from typing import List, Optional
 
 from hvdtrain import callbacks as cbs
@@ -46,6 +48,15 @@ def chief_callbacks(config: Config, run_dir: str, manager: CheckpointManager, pl
     ]
 
 
+def parameter_count(model) -> int:
+    """The model's weights (Keras' ``count_params``), also of a model Keras holds unbuilt (a GAN
+    without ``call``: its parts are built)."""
+    try:
+        return int(model.count_params())
+    except ValueError:
+        return int(sum(np.prod(v.shape) for v in model.weights))
+
+
 def banner(ctx: DistContext, config: Config, dataset, plan: ShardPlan, schedule, model,
            run_dir: str, ckpt_dir: str, start: TrainPosition, objective=None, model_name: Optional[str] = None,
            own_step=None) -> str:
@@ -86,7 +97,7 @@ def banner(ctx: DistContext, config: Config, dataset, plan: ShardPlan, schedule,
          f"{config.optim.warmup_epochs:g} epoch(s) ({schedule.warmup_steps} steps), then {config.optim.lr_schedule}; "
          f"{optimizer_summary(config.optim)}" if schedule is not None else
          "lr:    the optimizer's own learning rate or schedule (not scaled by world size)"),
-        f"model: {model_name} ({norm}), {model.count_params():,} parameters, {config.compute.precision}"
+        f"model: {model_name} ({norm}), {parameter_count(model):,} parameters, {config.compute.precision}"
         + (" (dynamic loss scaling)" if config.compute.precision == "fp16" else "")
         + (", forward and backward pass compiled by XLA" if config.compute.xla else ""),
         *(own_step.banner_lines() if own_step is not None else [

@@ -19,7 +19,7 @@ from hvdtrain.config import Config
 from hvdtrain.data.examples import Examples, StreamedExamples, as_example, class_weights, gather_rows
 from hvdtrain.data.sharding import ShardPlan
 from hvdtrain.errors import EveryRankError, HvdtrainError
-from hvdtrain.keras_step import GradientExchange, MetricSums, model_optimizers, probe, step_name
+from hvdtrain.keras_step import GradientExchange, MetricSums, has_own_step, model_optimizers, probe, step_name
 from hvdtrain.runtime.dist import DistContext
 from hvdtrain.runtime.watchdog import Watchdog
 
@@ -40,6 +40,7 @@ class OwnStep:
         objective: the model's metrics as sums (:class:`~hvdtrain.keras_step.MetricSums`).
         schedule: hvdtrain's warmup schedule where hvdtrain made the optimizer, else None.
         step: what trains, for the banner: ``"Keras' default train_step"`` or ``"<Class>.train_step"``.
+        own: whether that is the model's own step or ``compute_loss`` (exact only for batch-mean losses).
     """
 
     exchange: GradientExchange
@@ -47,11 +48,12 @@ class OwnStep:
     objective: MetricSums
     schedule: Optional[object]
     step: str
+    own: bool = False
 
     def banner_lines(self) -> List[str]:
         """Rank 0's lines on what trains and how exact it is."""
         names = ", ".join(self.objective.names) or "none"
-        exact = ("exact for a loss that is a mean over the batch" if "own" in self.step
+        exact = ("exact for a loss that is a mean over the batch" if self.own
                  else "exactly the global batch's gradient")
         lines = [f"step:  {self.step}; {len(self.optimizers)} optimizer(s), each update's gradients summed over "
                  f"ranks, each rank's weighted by its share of the global batch ({exact})",
@@ -184,6 +186,36 @@ def build_model(ctx: DistContext, config: Config, parts, data):
     return model, keras, schedule
 
 
+def output_keys(model) -> Optional[List[str]]:
+    """The names a dict of labels or losses may key: a functional model's outputs (the dict's keys,
+    or the output layers' names); None where the model does not say (a subclassed model)."""
+    struct = getattr(model, "_outputs_struct", None)  # Keras 3's
+    if struct is None:
+        struct = getattr(model, "_nested_outputs", None)  # Keras 2's
+    names = list(getattr(model, "output_names", None) or [])
+    if isinstance(struct, dict):
+        return sorted(set(struct) | set(names))
+    return names or None
+
+
+def check_outputs(model, examples) -> None:
+    """Labels and compiled losses keyed by outputs the model has, before any step runs.
+
+    Raises:
+        HvdtrainError: naming the label or loss key no output has, and the outputs there are.
+    """
+    keys = output_keys(model)
+    if keys is None:
+        return
+    spec = examples.batch_spec()
+    labels = spec[1] if len(spec) > 1 else None
+    for what, given in (("labels", labels), ("loss", getattr(model, "loss", None))):
+        unknown = sorted(set(given) - set(keys)) if isinstance(given, dict) else []
+        if unknown:
+            raise HvdtrainError(f"the {what} name output(s) {', '.join(map(repr, unknown))} that the model does not "
+                                f"have (its outputs: {', '.join(keys)})")
+
+
 def first_batch(data) -> tuple:
     """A real local batch of this rank (the plan's first), for the probe step."""
     examples = data.dataset
@@ -206,13 +238,17 @@ def build_step(ctx: DistContext, parts, model, data, schedule) -> OwnStep:
         if not optimizers:
             raise HvdtrainError(f"{type(model).__name__} holds no optimizer: compile it with one, or give "
                                 f"hvdtrain.fit optimizer=")
+        check_outputs(model, data.dataset)
         exchange = GradientExchange(ctx.size)
         for optimizer in optimizers:
             exchange.wrap(optimizer)
         with tf.device(ctx.device):
             logs = probe(model, exchange, first_batch(data))
+        optimizers = exchange.used()
+        if not optimizers:
+            raise HvdtrainError(f"{step_name(model)} applied no optimizer on a first batch: nothing would train")
         objective = MetricSums(model, ctx.size)
         objective.add_extras([k for k in logs if k not in objective.names])
-        return OwnStep(exchange, optimizers, objective, schedule, step_name(model))
+        return OwnStep(exchange, optimizers, objective, schedule, step_name(model), has_own_step(model))
 
     return ctx.guarded("running the model's first step", prepare)

@@ -36,13 +36,26 @@ def is_optimizer(obj) -> bool:
     return not isinstance(obj, type) and hasattr(type(obj), "apply_gradients") and hasattr(obj, "iterations")
 
 
-def step_name(model) -> str:
-    """What trains: Keras' default ``train_step`` or the model's class's own."""
+def _own(model, method: str) -> Optional[str]:
+    """The class that defines ``method`` for ``model``, where it is not Keras' own."""
     for cls in type(model).__mro__:
-        if "train_step" in vars(cls):
-            if cls.__module__.split(".")[0] in ("keras", "tf_keras"):
-                return "Keras' default train_step"
-            return f"{cls.__name__}.train_step (the model's own)"
+        if method in vars(cls):
+            return None if cls.__module__.split(".")[0] in ("keras", "tf_keras") else cls.__name__
+    return None
+
+
+def has_own_step(model) -> bool:
+    """Whether ``model`` brings its own ``train_step`` or ``compute_loss``."""
+    return bool(_own(model, "train_step") or _own(model, "compute_loss"))
+
+
+def step_name(model) -> str:
+    """What trains: the model's own ``train_step``, Keras' default with the model's own
+    ``compute_loss``, or Keras' default (the only one that is exact whatever the model computes)."""
+    if _own(model, "train_step"):
+        return f"{_own(model, 'train_step')}.train_step (the model's own)"
+    if _own(model, "compute_loss"):
+        return f"Keras' default train_step with {_own(model, 'compute_loss')}.compute_loss (the model's own)"
     return "Keras' default train_step"
 
 
@@ -75,6 +88,7 @@ class GradientExchange:
         self.world_size = world_size
         self.share = tf.Variable(1.0, trainable=False, dtype=tf.float32, name="hvdtrain_batch_share")
         self._wrapped: List[Tuple[object, str, Callable]] = []
+        self._used: list = []
         self._dry = False
 
     def exchange(self, gradients: Sequence) -> list:
@@ -116,9 +130,11 @@ class GradientExchange:
         object.__setattr__(optimizer, "_hvdtrain_unwrapped", original)
         self._wrapped.append((optimizer, name, original))
 
-    @staticmethod
-    def _build(optimizer, variables) -> None:
-        """Create the optimizer's slots for ``variables`` without an update (:meth:`dry`)."""
+    def _build(self, optimizer, variables) -> None:
+        """Create the optimizer's slots for ``variables`` without an update (:meth:`dry`), and
+        count it among the :meth:`used` ones."""
+        if all(optimizer is not seen for seen in self._used):
+            self._used.append(optimizer)
         if hasattr(optimizer, "stateless_apply"):
             if not optimizer.built:
                 optimizer.build(variables)
@@ -126,6 +142,15 @@ class GradientExchange:
             optimizer._create_all_weights(variables)  # pylint: disable=protected-access
         else:
             optimizer.build(variables)
+
+    def used(self) -> list:
+        """The optimizers the probe step applied, in the order it applied them; the others (Keras'
+        default ``rmsprop`` of a GAN's ``compile()``, never stepped) are given back unwrapped."""
+        for wrapped in list(self._wrapped):
+            if all(wrapped[0] is not seen for seen in self._used):
+                _unwrap(*wrapped)
+                self._wrapped.remove(wrapped)
+        return list(self._used)
 
     @contextlib.contextmanager
     def dry(self):
@@ -138,12 +163,17 @@ class GradientExchange:
 
     def restore(self) -> None:
         """Give every wrapped optimizer its own update back (``fit`` returns a plain model)."""
-        for optimizer, name, original in reversed(self._wrapped):
-            optimizer.__dict__.pop(name, None)
-            optimizer.__dict__.pop("_hvdtrain_unwrapped", None)
-            if getattr(optimizer, name) != original:  # an instance attribute of the user's own
-                object.__setattr__(optimizer, name, original)
+        for wrapped in reversed(self._wrapped):
+            _unwrap(*wrapped)
         self._wrapped.clear()
+
+
+def _unwrap(optimizer, name: str, original: Callable) -> None:
+    """``optimizer``'s method ``name`` as it was before :meth:`GradientExchange.wrap`."""
+    optimizer.__dict__.pop(name, None)
+    optimizer.__dict__.pop("_hvdtrain_unwrapped", None)
+    if getattr(optimizer, name) != original:  # an instance attribute of the user's own
+        object.__setattr__(optimizer, name, original)
 
 
 def _flat_logs(logs) -> dict:
@@ -277,8 +307,8 @@ def probe(model, exchange: GradientExchange, batch: tuple) -> dict:
         raise
     except Exception as e:  # noqa: BLE001 -- the user's code: named as theirs
         first = (str(e).strip().splitlines() or [""])[0]
-        raise HvdtrainError(f"{type(model).__name__}.train_step fails on a batch of {int(batch_size_of(batch))} "
-                            f"examples: {type(e).__name__}: {first}") from e
+        raise HvdtrainError(f"{step_name(model)} fails on a batch of {int(batch_size_of(batch))} examples: "
+                            f"{type(e).__name__}: {first}") from e
     for v in model.variables:
         if id(v) in before:
             v.assign(before[id(v)])

@@ -10,6 +10,7 @@ from hvdtrain.console import say
 from hvdtrain.files import fsync_dir
 
 MODEL_FILE = "model.keras"
+WEIGHTS_FILE = "model.weights.h5"  # a model Keras cannot save whole
 CURVES_FILE = "curves.png"
 
 
@@ -35,11 +36,28 @@ def save_trained_model(model, run_dir: str) -> Optional[str]:
                 os.remove(tmp)
             except OSError:
                 pass
+        weights = save_trained_weights(model, run_dir)
         say(f"hvdtrain: warning: could not save the trained model to {path} ({type(e).__name__}: "
-            f"{str(e).strip().splitlines()[0] if str(e).strip() else ''}); its weights are in the checkpoints",
-            sys.stderr)
+            f"{str(e).strip().splitlines()[0] if str(e).strip() else ''}); its weights are in "
+            + (f"{weights} (model.load_weights) and " if weights else "") + "the checkpoints", sys.stderr)
         return None
     return path
+
+
+def save_trained_weights(model, run_dir: str) -> Optional[str]:
+    """``model``'s weights to ``<run_dir>/model.weights.h5`` by a rename (a model Keras cannot save
+    whole: a subclassed one without ``get_config``); its path, or None if that fails too."""
+    path = os.path.join(run_dir, WEIGHTS_FILE)
+    tmp = os.path.join(run_dir, "model.tmp.weights.h5")  # Keras asks for the suffix
+    try:
+        model.save_weights(tmp)
+        os.replace(tmp, path)
+        fsync_dir(run_dir)
+        return path
+    except Exception:  # noqa: BLE001 -- the warning names what is left: the checkpoints
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        return None
 
 
 class Curves(Callback):

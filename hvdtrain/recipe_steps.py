@@ -34,7 +34,7 @@ from hvdtrain.errors import EveryRankError, HvdtrainError
 from hvdtrain.console import say
 from hvdtrain.kerases import set_random_seed
 from hvdtrain.keras_callbacks import KerasCallbacks, is_keras_callback
-from hvdtrain.keras_step import step_name
+from hvdtrain.keras_step import has_own_step, step_name
 from hvdtrain.losses import get_loss
 from hvdtrain.task import Objective
 from hvdtrain.model import sync_bn_kernels
@@ -313,7 +313,7 @@ def save_result(ctx: DistContext, config: Config, trainer: Trainer, metrics: dic
         return
     if trainer.stopped_after:
         say(f"hvdtrain: a callback stopped training after epoch {trainer.stopped_after} of {config.epochs}")
-    if "train_loss" not in metrics:
+    if "train_examples" not in metrics:
         say(split_text(metrics, "test"))
     else:  # no stall: a large file takes long
         watchdog.pause("saving the trained model", 3600.0)
@@ -341,10 +341,10 @@ def refuse_own_step(model) -> None:
     Raises:
         HvdtrainError: naming the class, and how to train it by its own step.
     """
-    if "own" in step_name(model):
-        raise HvdtrainError(f"the model function's {type(model).__name__} has its own train_step, which hvdtrain's image "
-                            f"step would replace: build the model and pass the model object, hvdtrain.fit(model, ...), "
-                            f"to train it by its own step")
+    if has_own_step(model):
+        raise HvdtrainError(f"the model function's model trains by {step_name(model)}, which hvdtrain's image step "
+                            f"would replace: build the model and pass the model object, hvdtrain.fit(model, ...), to "
+                            f"train it by its own step")
 
 
 def refuse_collectives_under_xla(model, world_size: int) -> None:

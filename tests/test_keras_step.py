@@ -46,3 +46,32 @@ def test_two_ranks_equal_one_process_on_the_global_batch(tmp_path, keras):
         for key in metrics:  # exact global metrics: sums allreduced, each output's loss weighed by its batch
             assert ran["history"][-1][key] == pytest.approx(alone["history"][-1][key], rel=1e-5, abs=1e-6), (case, key)
         assert ran["history"][-1]["train_examples"] == 100
+
+
+@pytest.mark.parametrize("keras", [2, pytest.param(3, marks=needs_keras3)])
+def test_a_resumed_run_of_two_optimizers_continues_exactly(tmp_path, keras):
+    """Both optimizers' state (momentum in each) is in the checkpoint: 1 epoch, then a new job resuming for
+    the second, ends bit for bit where 2 epochs in one job end."""
+    straight = _train(tmp_path / "straight", 2, keras, 8, ["two-optimizers"])
+    (tmp_path / "resumed").mkdir()
+    for epochs, extra in (("1", []), ("2", ["resume"])):
+        run_ranks(2, ["tests/workers/own_steps.py", str(tmp_path / "resumed"), str(keras), "8", "two-optimizers",
+                      epochs, *extra], timeout=400)
+    ours, theirs = (dict(np.load(d / "two-optimizers.rank0.npz")) for d in (tmp_path / "resumed", straight))
+    for key in theirs:
+        if key.startswith("final/"):
+            np.testing.assert_array_equal(ours[key], theirs[key], err_msg=key)
+
+
+@pytest.mark.parametrize("mode, message", [
+    ("label-key", "the labels name output(s) 'score' that the model does not have (its outputs: cls, reg)"),
+    ("loss-key", "the loss name output(s) 'score' that the model does not have (its outputs: cls, reg)"),
+    ("rank-data", "rank 1 loaded other data than rank 0 (digest.train x['num']: "),
+    ("class-weight", "class_weight names class(es) [5] that no training label holds (the labels hold 0..0)"),
+])
+def test_bad_input_to_a_model_object_stops_every_rank_with_one_error_naming_it(tmp_path, mode, message):
+    result = run_ranks(2, ["tests/workers/own_step_errors.py", str(tmp_path / "run"), mode], check=False,
+                       timeout=200)
+    assert result.returncode != 0
+    assert message in result.stderr, result.stderr[-3000:]
+    assert not (tmp_path / "run" / "model.keras").exists()

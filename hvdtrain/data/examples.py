@@ -193,13 +193,15 @@ class Examples:
 
     def fingerprint(self) -> dict:
         """What every rank must agree on: sizes, each leaf's name, dtype and shape, and a BLAKE2b
-        digest (hex, 128 bits) of every value."""
-        digest = hashlib.blake2b(digest_size=16)
-        for example in (self.train, self.test or ()):
-            for _, leaf in leaves(example):
+        digest (hex, 128 bits) of each leaf's values."""
+        digests = {}
+        for split, example in (("train", self.train), ("test", self.test or ())):
+            for name, leaf in leaves(example):
+                digest = hashlib.blake2b(digest_size=16)
                 _digest_leaf(digest, leaf)
+                digests[f"{split} {name}"] = digest.hexdigest()  # a rank's other data named by its part
         return {"train_examples": self.num_train, "test_examples": self.num_test, "structure": self.structure,
-                "digest": digest.hexdigest()}
+                "digest": digests}
 
     def on_device(self, example: tuple) -> tuple:
         """The example's arrays as tensors (call under the rank's device)."""

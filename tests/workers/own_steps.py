@@ -2,7 +2,10 @@
 process (so fit runs again and again, and Horovod is used after it): the oracle of
 tests/test_keras_step.py compares np=2 at local batch B with one process at 2B.
 
-    python own_steps.py OUT_DIR KERAS BATCH CASE[,CASE...]   KERAS: 2 | 3
+    python own_steps.py OUT_DIR KERAS BATCH CASE[,CASE...] [EPOCHS [resume]]   KERAS: 2 | 3
+
+EPOCHS (default 2) is the run's total; ``resume`` continues the run in OUT_DIR/<case> from its
+checkpoint, as a new process does after a stop.
 
 Writes OUT_DIR/<case>.rank<r>.npz: the final trained weights (``final/<i>``), every weight
 (``all/<i>``: Keras 2 counts a model's metric trackers among them) and, as JSON in
@@ -18,6 +21,7 @@ import tensorflow as tf
 import hvdtrain  # noqa: E402
 
 out, version, batch, cases = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4].split(",")
+epochs, resume = int((sys.argv[5:] or [2])[0]), sys.argv[6:] == ["resume"]
 if version == 3:
     import keras as K  # noqa: N812
 else:
@@ -134,7 +138,7 @@ def case(name):
         return model, dict(x=NUM, y=REG)
     if name == "two-optimizers":
         model = TwoOptimizers()
-        model.compile(sgd(), K.optimizers.SGD(0.05))
+        model.compile(sgd(), K.optimizers.SGD(0.05, momentum=0.5))  # both with state a resume must restore
         return model, dict(x=NUM, y=REG)
     raise SystemExit(f"unknown case {name}")
 
@@ -143,8 +147,8 @@ for name in cases:
     K.utils.set_random_seed(0)  # the same initial weights at any world size
     model, kwargs = case(name)
     data = kwargs.pop("data", None)
-    result = hvdtrain.fit(model, data, epochs=2, batch_size=batch, log={"dir": os.path.join(out, name)},
-                          **kwargs)
+    result = hvdtrain.fit(model, data, epochs=epochs, batch_size=batch, log={"dir": os.path.join(out, name)},
+                          checkpoint={"resume": resume}, **kwargs)
     import horovod.tensorflow as hvd  # usable after fit
 
     rank = hvd.rank()
