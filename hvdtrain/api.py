@@ -189,6 +189,9 @@ def _fit_model_object(model, data, forms: dict, loss, metrics, optimizer, config
     if isinstance(metrics, str) or callable(metrics):
         metrics = [metrics]
     loss_weights = forms.pop("loss_weights")
+    if data is not None and forms["validation_data"] is not None:
+        raise HvdtrainError("hvdtrain.fit: validation_data= with data=: give the test split in data, or use "
+                            "x=, y=, validation_data=")
     examples = examples_from(data, **forms, shuffle_buffer=run_config.data.shuffle_buffer, seed=run_config.seed)
     if threading.current_thread() is threading.main_thread():
         install_stop_handlers()

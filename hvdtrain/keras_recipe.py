@@ -16,7 +16,7 @@ import tensorflow as tf
 
 from hvdtrain import kerases
 from hvdtrain.config import Config
-from hvdtrain.data.examples import Examples, StreamedExamples, as_example, class_weights, gather_rows
+from hvdtrain.data.examples import Examples, StreamedExamples, as_example, class_weights
 from hvdtrain.data.sharding import ShardPlan
 from hvdtrain.errors import EveryRankError, HvdtrainError
 from hvdtrain.keras_step import GradientExchange, MetricSums, has_own_step, model_optimizers, probe, step_name
@@ -53,8 +53,8 @@ class OwnStep:
     def banner_lines(self) -> List[str]:
         """Rank 0's lines on what trains and how exact it is."""
         names = ", ".join(self.objective.names) or "none"
-        exact = ("exact for a loss that is a mean over the batch" if self.own
-                 else "exactly the global batch's gradient")
+        exact = ("exact for a loss that is a mean over the batch's examples" if self.own
+                 else "exact for losses averaged over the batch's examples, Keras' default reduction")
         lines = [f"step:  {self.step}; {len(self.optimizers)} optimizer(s), each update's gradients summed over "
                  f"ranks, each rank's weighted by its share of the global batch ({exact})",
                  f"task:  metrics {names} (exact: their sums allreduced over ranks)"]
@@ -131,9 +131,13 @@ def refuse_settings(config: Config) -> None:
     """What this path does not do yet, refused by name rather than ignored.
 
     Raises:
-        EveryRankError: for ``--elastic``, ``--precision fp16``, ``--xla`` or gradient accumulation.
+        EveryRankError: for ``--elastic``, a ``--precision`` other than fp32 (the model is built
+            already: set Keras' mixed-precision policy before building it), ``--xla`` or gradient
+            accumulation.
     """
-    refused = [name for name, on in (("elastic", config.elastic.enabled), ("precision fp16", config.compute.precision == "fp16"),
+    precision = config.compute.precision
+    refused = [name for name, on in (("elastic", config.elastic.enabled),
+                                     (f"precision {precision}", precision != "fp32"),
                                      ("xla", config.compute.xla),
                                      ("backward_passes_per_step > 1", config.optim.backward_passes_per_step > 1)) if on]
     if refused:
@@ -159,13 +163,13 @@ def build_model(ctx: DistContext, config: Config, parts, data):
             or a model of two Kerases.
     """
     from hvdtrain.model.convert import convert_sync_batchnorm
-    from hvdtrain.optim import configured_optimizer
+    from hvdtrain.optim import configured_optimizer, rescale_schedule
 
     refuse_settings(config)
     model = parts.model
     keras = kerases.module(kerases.choose(kerases.version_of(model), model=model, optimizer=parts.optimizer))
-    given = {k: v for k, v in (("loss", parts.loss), ("metrics", parts.metrics), ("optimizer", parts.optimizer))
-             if v is not None}
+    given = {k: v for k, v in (("loss", parts.loss), ("metrics", parts.metrics), ("optimizer", parts.optimizer),
+                               ("loss_weights", parts.loss_weights)) if v is not None}
     if _compiled(model) and given and not config.model.convert_sync_bn:
         raise HvdtrainError(f"hvdtrain.fit: the model is compiled already, and fit got {', '.join(given)} too: give them "
                             f"to model.compile() or to fit, not both (a compiled model trains as compiled)")
@@ -178,11 +182,20 @@ def build_model(ctx: DistContext, config: Config, parts, data):
             model = convert_sync_batchnorm(model)
     schedule = None
     if not _compiled(model):
+        if parts.loss is None and not has_own_step(model):
+            raise HvdtrainError(f"hvdtrain.fit: the model is not compiled and fit got no loss=: Keras' default "
+                                f"train_step needs one (compile the model, or give loss=)")
         optimizer = parts.optimizer
         if optimizer is None:
             optimizer, schedule = configured_optimizer(config.optim, ctx.size, data.plan.steps_per_epoch,
                                                        config.epochs, keras)
+            optimizer._hvdtrain_configured = True  # noqa: SLF001 -- a later fit gives it a schedule of its own
         model.compile(optimizer=optimizer, loss=parts.loss, metrics=parts.metrics, loss_weights=parts.loss_weights)
+    elif getattr(model.optimizer, "_hvdtrain_configured", False):
+        # fit again on a model hvdtrain compiled: its warmup and decay start anew, from the steps taken
+        # (the first fit's cosine has reached 0)
+        schedule = rescale_schedule(model.optimizer, config.optim, ctx.size, data.plan.steps_per_epoch,
+                                    config.epochs, epochs_done=0.0)
     return model, keras, schedule
 
 
@@ -223,7 +236,7 @@ def first_batch(data) -> tuple:
         batches, _ = examples.train_batches(data.plan, 0)
         return next(iter(batches))
     _, indices, _ = next(data.plan.epoch(0))
-    return gather_rows(examples.on_device(examples.train), tf.constant(indices))
+    return examples.rows(indices)
 
 
 def build_step(ctx: DistContext, parts, model, data, schedule) -> OwnStep:
@@ -240,15 +253,19 @@ def build_step(ctx: DistContext, parts, model, data, schedule) -> OwnStep:
                                 f"hvdtrain.fit optimizer=")
         check_outputs(model, data.dataset)
         exchange = GradientExchange(ctx.size)
-        for optimizer in optimizers:
-            exchange.wrap(optimizer)
-        with tf.device(ctx.device):
-            logs = probe(model, exchange, first_batch(data))
-        optimizers = exchange.used()
-        if not optimizers:
-            raise HvdtrainError(f"{step_name(model)} applied no optimizer on a first batch: nothing would train")
+        try:
+            for optimizer in optimizers:
+                exchange.wrap(optimizer)
+            with tf.device(ctx.device):
+                logs = probe(model, exchange, first_batch(data))
+            optimizers = exchange.used()
+            if not optimizers:
+                raise HvdtrainError(f"{step_name(model)} applied no optimizer on a first batch: nothing would train")
+        except BaseException:
+            exchange.restore()  # the caller's optimizers update by themselves again
+            raise
         objective = MetricSums(model, ctx.size)
-        objective.add_extras([k for k in logs if k not in objective.names])
+        objective.add_extras(logs)
         return OwnStep(exchange, optimizers, objective, schedule, step_name(model), has_own_step(model))
 
     return ctx.guarded("running the model's first step", prepare)

@@ -27,7 +27,7 @@ import numpy as np
 import tensorflow as tf
 
 from hvdtrain.data.examples import batch_size_of, gather_rows
-from hvdtrain.errors import HvdtrainError
+from hvdtrain.errors import EveryRankError, HvdtrainError
 from hvdtrain.runtime.dist import tf_variable
 
 
@@ -100,7 +100,13 @@ class GradientExchange:
         if self.world_size > 1 and dense:
             import horovod.tensorflow as hvd
 
-            dense = hvd.grouped_allreduce(dense, op=hvd.Sum)
+            # One grouped allreduce per dtype (Horovod groups one dtype). Horovod names it from the
+            # graph, which is the same in every rank's trace of any local batch size.
+            for dtype in sorted({g.dtype.name for g in dense}):
+                picked = [j for j, g in enumerate(dense) if g.dtype.name == dtype]
+                summed = hvd.grouped_allreduce([dense[j] for j in picked], op=hvd.Sum)
+                for j, g in zip(picked, summed):
+                    dense[j] = g
         for i, g in zip(live, dense):
             gradients[i] = g
         return gradients
@@ -192,7 +198,9 @@ class MetricSums:
 
     Args:
         model: the compiled (and probed: :func:`probe`) Keras model; its metric variables hold
-            sums, as every Keras metric's do.
+            sums (totals, counts, confusion matrices), as every Keras metric's do, accumulated by
+            Keras in their own dtype (float32) within an epoch and read as float64 for the
+            allreduce; zeros are their reset state.
         world_size: ranks (what the step returns besides its metrics is their sum / world_size).
 
     The trainer's protocol (as :class:`hvdtrain.task.Objective`'s): ``size``, ``layout``,
@@ -201,15 +209,20 @@ class MetricSums:
 
     def __init__(self, model, world_size: int = 1):
         self.model, self.world_size = model, world_size
-        self.variables = [tf_variable(v) for m in model.metrics for v in m.variables]
+        owned = [(m.name, tf_variable(v)) for m in model.metrics for v in m.variables]
+        self.variables = [v for _, v in owned]
         self.shapes = [tuple(v.shape) for v in self.variables]
+        self._names = [f"{metric}/{v.name}" for metric, v in owned]  # Keras 2 names them total:0, count:0 alone
         self.extras: List[str] = []
         self.examples_seen = tf.Variable(0.0, dtype=tf.float64, trainable=False, name="hvdtrain_examples")
-        self.names = list(self.metric_results().keys())
+        results = self.metric_results(scalars_only=False)
+        self.names = [k for k, v in results.items() if np.asarray(v).size == 1]
+        self._all_names = set(results)
 
-    def add_extras(self, names: Sequence[str]) -> None:
-        """Also carry these values the step returns (the last step's, averaged over ranks)."""
-        self.extras += list(names)
+    def add_extras(self, logs: dict) -> None:
+        """Also carry what the step returns besides its metrics' results: each scalar (the last
+        step's value, averaged over ranks)."""
+        self.extras += [k for k, v in logs.items() if k not in self._all_names and np.asarray(v).size == 1]
 
     @property
     def size(self) -> int:
@@ -217,7 +230,7 @@ class MetricSums:
 
     @property
     def layout(self) -> Tuple[str, ...]:
-        return tuple(f"{v.name}:{int(np.prod(s))}" for v, s in zip(self.variables, self.shapes)) + tuple(self.extras)
+        return tuple(f"{n}:{int(np.prod(s))}" for n, s in zip(self._names, self.shapes)) + tuple(self.extras)
 
     def read(self, logs: Optional[dict] = None) -> tf.Tensor:
         """float64 ``(size,)``: the sums now (inside a compiled step, with its returned ``logs``)."""
@@ -238,11 +251,15 @@ class MetricSums:
             variable.assign(values[offset:offset + n].reshape(shape).astype(variable.dtype.as_numpy_dtype))
             offset += n
 
-    def metric_results(self) -> dict:
-        """``{name: float}`` of the model's metrics as they stand (Keras' own ``result()``)."""
+    def metric_results(self, scalars_only: bool = True) -> dict:
+        """``{name: float}`` of the model's scalar metrics as they stand (Keras' own ``result()``);
+        ``scalars_only=False``: every result, a vector one (``F1Score(average=None)``) as an array."""
         get = getattr(self.model, "get_metrics_result", None)
-        results = get() if get is not None else {m.name: m.result() for m in self.model.metrics}
-        return {k: float(np.asarray(v)) for k, v in _flat_logs(results).items() if np.asarray(v).size == 1}
+        results = {k: np.asarray(v) for k, v in _flat_logs(get() if get is not None else {
+            m.name: m.result() for m in self.model.metrics}).items()}
+        if not scalars_only:
+            return results
+        return {k: float(v) for k, v in results.items() if v.size == 1}
 
     def results(self, sums) -> dict:
         """``{metric: value, extra: mean over ranks, "count": examples}`` from global sums."""
@@ -266,15 +283,34 @@ class MetricSums:
         """An epoch's sums so far: a resumed mid-epoch position's, or zeros.
 
         Raises:
-            HvdtrainError: for sums of other metrics (another model's checkpoint).
+            EveryRankError: for sums of other metrics (another model's checkpoint).
         """
         sums = position.epoch_sums if position is not None else None
         if not sums:
             return np.zeros(self.size)
         if len(sums) != self.size or (position.sums_layout is not None and tuple(position.sums_layout) != self.layout):
-            raise HvdtrainError("the checkpoint, mid-epoch, holds the sums of other metrics than this model's: "
-                                "resume with the model and metrics of the run that wrote it")
+            raise EveryRankError("the checkpoint, mid-epoch, holds the sums of other metrics than this model's: "
+                                 "resume with the model and metrics of the run that wrote it")
         return np.asarray(sums, np.float64)
+
+
+def separate_random_streams(model, seed: int, rank: int) -> None:
+    """After the broadcast of rank 0's state: each rank draws its own random numbers (Dropout's
+    masks, a GAN's noise), as the ranks' examples differ, instead of rank 0's on every rank.
+
+    Keras 3 keeps each ``SeedGenerator``'s ``[seed, counter]`` among the model's variables (the
+    broadcast copied rank 0's): rank ``r`` adds ``r * 1_000_003`` to the seed. Keras 2's unseeded
+    random ops take their seeds from TensorFlow's global seed when traced: it becomes
+    ``seed * 1_000_003 + rank``. Rank 0 draws what one process would.
+    """
+    tf.random.set_seed(seed * 1_000_003 + rank)
+    if not rank:
+        return
+    for variable in model.variables:
+        if "seed_generator_state" in getattr(variable, "path", variable.name):
+            state = np.array(variable.numpy())
+            state[0] += rank * 1_000_003
+            variable.assign(state)
 
 
 def built_variables(model) -> list:
@@ -294,7 +330,7 @@ def probe(model, exchange: GradientExchange, batch: tuple) -> dict:
     broadcast); its metrics are reset.
 
     Returns:
-        The step's logs, ``{name: float}``.
+        The step's logs, ``{name: value}`` (NumPy arrays).
 
     Raises:
         HvdtrainError: naming the model's step and the error it raised.
@@ -314,7 +350,7 @@ def probe(model, exchange: GradientExchange, batch: tuple) -> dict:
             v.assign(before[id(v)])
     for m in model.metrics:
         m.reset_state()
-    return {k: v for k, v in _flat_logs(logs).items()}
+    return {k: np.asarray(v) for k, v in _flat_logs(logs).items()}
 
 
 def per_batch_size(fn: Callable, specs: Callable) -> Callable:

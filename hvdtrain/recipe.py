@@ -12,6 +12,7 @@ from hvdtrain import recipe_steps as steps
 from hvdtrain.config import Config
 from hvdtrain.elastic import ElasticJob
 from hvdtrain.ending import run_scope
+from hvdtrain.keras_step import separate_random_streams
 from hvdtrain.recipe_steps import Parts
 from hvdtrain.rundir import default_run_dir
 from hvdtrain.runtime.dist import current_rank
@@ -71,6 +72,8 @@ def run(config: Config, parts: Parts = Parts(), keep_horovod: bool = False) -> O
         # 6. Broadcast: every rank starts from rank 0's weights and optimizer state (fresh or restored).
         watchdog.beat("broadcasting the initial state")
         steps.broadcast_state(ctx, model, own_step.optimizers if own_step else optimizer)
+        if own_step is not None:  # rank 0's random state was broadcast too: each rank draws its own masks, noise
+            separate_random_streams(model, config.seed, ctx.rank)
         # 7. Rank 0 only: banner, progress, logs, checkpoints; then the caller's callbacks.
         scope.callbacks = steps.rank_callbacks(ctx, config, parts, data, model, optimizer, schedule, files, own_step)
         # 8. Train: the same steps on every rank, each on its own shard.

@@ -75,10 +75,8 @@ class Trainer:
             accuracy); :meth:`fit` reports ``train_<name>`` and ``test_<name>`` of each.
         pipeline_nice: the nice level of a streamed dataset's pipeline threads
             (:func:`~hvdtrain.data.stream.behind_the_step`).
-        own_step: for a Keras model object (:mod:`hvdtrain.keras_recipe`), its
-            :class:`~hvdtrain.keras_recipe.OwnStep`: the model's own ``train_step`` and
-            ``test_step`` run, on examples of :mod:`hvdtrain.data.examples`, and its metrics are
-            the objective.
+        own_step: a Keras model object's :class:`~hvdtrain.keras_recipe.OwnStep`: its own
+            ``train_step`` and ``test_step`` run on :mod:`hvdtrain.data.examples`, its metrics the objective.
 
     Raises:
         HvdtrainError: for a model and optimizer of different Kerases (:func:`hvdtrain.kerases.choose`).
@@ -318,6 +316,8 @@ class Trainer:
             local = evaluate_locally(self.eval_step, self.objective, batches,
                                      lambda: self.watchdog.beat("an evaluation batch"))
         except tf.errors.OpError as e:
+            if self.stream is None:  # the model's own test_step failed, not a pipeline
+                raise
             raise self.stream.failed_evaluation(e, self.ctx.size, self.ctx.rank) from None
         results = self._global_mean(local, "hvdtrain.eval")
         return {k: v for k, v in results.items() if k not in self.objective.extras}  # the training step's

@@ -372,6 +372,19 @@ def test_keras3_against_keras2_and_mirrored_strategy(tmp_path):
     assert close(number(hvd["median img/s"]) / number(strategy["median img/s"]), ratio, rel=0.01, abs_=0.006)
 
 
+@needs_keras3
+def test_own_step_against_hvdtrains_step(tmp_path):
+    out = script("own_step.py", "--rounds", "1", "--steps", "2", "--warmup", "1", "--batch-size", "16",
+                 tmp_path=tmp_path, timeout=600)
+    (rows,) = tables(out)
+    first, default, own = rows
+    assert [r["Keras 3 seed CNN, sync BN, np=2"] for r in rows] == ["hvdtrain's step", "Keras' default step",
+                                                                  "the model's own step"]
+    for row in (default, own):  # one round: the ratio is that round's, the medians its own times
+        assert close(number(row["ms/step"]) / number(first["ms/step"]), number(row["/ hvdtrain's step"]),
+                     rel=0.02, abs_=0.006)
+
+
 def test_chained_allreduce_latency_by_thread_placement(tmp_path):
     out = script("chained_allreduce.py", "--chain", "10", "--steps", "2", "--rounds", "1", tmp_path=tmp_path)
     (table,) = tables(out)

@@ -1,6 +1,6 @@
 """A Keras model object trained by its own step (hvdtrain.keras_step, hvdtrain.keras_recipe): the oracle
 (np=2 at local batch 8 equals one process at 16, to 1e-5 per weight tensor, with an uneven last
-global batch) for dict inputs with token ids and two outputs with loss weights, sample weights,
+global batch, 3 + 2 examples) for dict inputs with token ids and two outputs with loss weights, sample weights,
 class weights, a model's own train_step and a two-optimizer step, in Keras 2 and Keras 3; the
 global metrics agree to the printed digit; fit runs case after case in one process, and Horovod
 is usable after it (tests/workers/own_steps.py)."""
@@ -9,7 +9,7 @@ import json
 import numpy as np
 import pytest
 
-from tests.helpers.kerases import needs_keras3
+from tests.helpers.kerases import KERAS_3, needs_keras3
 from tests.helpers.oracle import assert_same_weights
 from tests.helpers.ranks import run_ranks
 
@@ -45,7 +45,7 @@ def test_two_ranks_equal_one_process_on_the_global_batch(tmp_path, keras):
         assert metrics, case
         for key in metrics:  # exact global metrics: sums allreduced, each output's loss weighed by its batch
             assert ran["history"][-1][key] == pytest.approx(alone["history"][-1][key], rel=1e-5, abs=1e-6), (case, key)
-        assert ran["history"][-1]["train_examples"] == 100
+        assert ran["history"][-1]["train_examples"] == 101
 
 
 @pytest.mark.parametrize("keras", [2, pytest.param(3, marks=needs_keras3)])
@@ -68,6 +68,7 @@ def test_a_resumed_run_of_two_optimizers_continues_exactly(tmp_path, keras):
     ("loss-key", "the loss name output(s) 'score' that the model does not have (its outputs: cls, reg)"),
     ("rank-data", "rank 1 loaded other data than rank 0 (digest.train x['num']: "),
     ("class-weight", "class_weight names class(es) [5] that no training label holds (the labels hold 0..0)"),
+    ("no-loss", "the model is not compiled and fit got no loss=: Keras' default train_step needs one"),
 ])
 def test_bad_input_to_a_model_object_stops_every_rank_with_one_error_naming_it(tmp_path, mode, message):
     result = run_ranks(2, ["tests/workers/own_step_errors.py", str(tmp_path / "run"), mode], check=False,
@@ -75,3 +76,33 @@ def test_bad_input_to_a_model_object_stops_every_rank_with_one_error_naming_it(t
     assert result.returncode != 0
     assert message in result.stderr, result.stderr[-3000:]
     assert not (tmp_path / "run" / "model.keras").exists()
+
+
+def test_an_epoch_whose_last_example_joins_the_step_before_trains_without_a_hang(tmp_path):
+    """97 examples at 2 x 8: the last step is 9 + 8, so one rank traces its step anew and the other
+    does not; Horovod's collectives must still pair up (named from the graph, alike in both traces)."""
+    out = tmp_path / "run"
+    out.mkdir()
+    run_ranks(2, ["tests/workers/own_steps.py", str(out), "3" if KERAS_3 else "2", "8", "two-optimizers"],
+              env={"OWN_STEPS_EXAMPLES": "97"}, timeout=200)
+    ranks = [dict(np.load(out / f"two-optimizers.rank{r}.npz")) for r in (0, 1)]
+    for key in ranks[0]:
+        np.testing.assert_array_equal(ranks[0][key], ranks[1][key], err_msg=key)
+    assert json.loads((out / "two-optimizers.rank0.json").read_text())["history"][-1]["train_examples"] == 97
+
+
+def test_each_rank_draws_its_own_random_numbers_after_the_broadcast():
+    """Keras 3's seed generators hold rank 0's state after the broadcast: rank r's seed moves by r * 1,000,003."""
+    from hvdtrain.keras_step import separate_random_streams
+
+    if not KERAS_3:
+        pytest.skip("needs Keras 3")
+    import keras
+
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dropout(0.5, seed=7)])
+    [state] = [v for v in model.variables if "seed_generator_state" in v.path]
+    before = state.numpy().copy()
+    separate_random_streams(model, seed=0, rank=0)
+    np.testing.assert_array_equal(state.numpy(), before)  # rank 0 draws what one process would
+    separate_random_streams(model, seed=0, rank=2)
+    np.testing.assert_array_equal(state.numpy(), before + [2 * 1_000_003, 0])

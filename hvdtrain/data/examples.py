@@ -209,6 +209,16 @@ class Examples:
             lambda a: a if isinstance(a, tf.RaggedTensor) else tf.constant(a, tf.string if a.dtype == object else None),
             part) for part in example)
 
+    def rows(self, indices: np.ndarray) -> tuple:
+        """The training rows ``indices`` as one batch of tensors (ragged rows padded), copying
+        only those rows."""
+        def take(leaf):
+            if isinstance(leaf, tf.RaggedTensor):
+                return tf.gather(leaf, indices).to_tensor()
+            return tf.constant(leaf[indices], tf.string if leaf.dtype == object else None)
+
+        return tuple(tf.nest.map_structure(take, part) for part in self.train)
+
     def batch_spec(self) -> tuple:
         """The ``tf.TypeSpec`` nest of one local batch."""
         return tuple(tf.nest.map_structure(_spec, part) for part in self.train)
@@ -262,7 +272,7 @@ class StreamedExamples:
             raise HvdtrainError(f"{where}: must be a tf.data.Dataset, got {type(data).__name__}")
         if isinstance(data.element_spec, tuple) and len(data.element_spec) > 3:
             as_example(data.element_spec, where)
-        if "Batch" in type(data).__name__:  # tf.data's (padded, ragged) batch datasets: no public test
+        if batched(data):
             raise HvdtrainError(f"{where}: the dataset is batched; give unbatched examples (hvdtrain batches them to "
                                 f"the plan's local batch sizes)")
         if not isinstance(data.element_spec, tuple):
@@ -287,7 +297,8 @@ class StreamedExamples:
         return {"train_examples": self.num_train, "test_examples": self.num_test, "structure": self.structure}
 
     def batch_spec(self) -> tuple:
-        """The ``tf.TensorSpec`` nest of one local batch: every dimension but the last ones' fixed sizes None."""
+        """The ``tf.TensorSpec`` nest of one local batch: every dimension None (padded lengths vary
+        per batch; a trace per shape would be one per length)."""
         return tuple(tf.nest.map_structure(lambda s: tf.TensorSpec([None] * (s.shape.rank + 1), s.dtype), part)
                      for part in self.train.element_spec)
 
@@ -330,17 +341,27 @@ def dataset_structure(data: tf.data.Dataset) -> List[str]:
                                               data.element_spec))
 
 
-def dense_rows(*element):
+def batched(data: tf.data.Dataset) -> bool:
+    """Whether ``data`` or a dataset it is made of was batched (``batch``, ``padded_batch``,
+    ``ragged_batch``; tf.data has no public test): its input chain, back to the source."""
+    while data is not None:
+        if "Batch" in type(data).__name__:
+            return True
+        data = getattr(data, "_input_dataset", None)
+    return False
+
+
+def dense_rows(element):
     """An element with its ragged parts (a ragged row of ``from_tensor_slices``) as dense tensors."""
-    dense = tf.nest.map_structure(lambda t: t.to_tensor() if isinstance(t, tf.RaggedTensor) else t, element)
-    return dense if len(dense) > 1 else dense[0]
+    return tf.nest.map_structure(lambda t: t.to_tensor() if isinstance(t, tf.RaggedTensor) else t, element)
 
 
 def padded_batches(data: tf.data.Dataset, sizes: Sequence[int]) -> tf.data.Dataset:
     """``data`` cut into consecutive batches of ``sizes``, each padded with zeros to its longest
     element (``padded_batch``; fixed shapes are unchanged)."""
     if any(isinstance(spec, tf.RaggedTensorSpec) for spec in tf.nest.flatten(data.element_spec)):
-        data = data.map(dense_rows)
+        parts = isinstance(data.element_spec, tuple)  # tf.data passes a tuple's parts as arguments
+        data = data.map(lambda *e: dense_rows(e) if parts else dense_rows(e[0]))
     runs, start = [], 0
     for size in sizes:  # runs of equal sizes: one padded_batch each
         if runs and runs[-1][0] == size:

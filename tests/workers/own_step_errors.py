@@ -1,7 +1,7 @@
 """Bad input to hvdtrain.fit for a Keras model object, at real ranks: every rank exits non-zero with
 one error naming the problem (tests/test_keras_step.py).
 
-    python own_step_errors.py OUT_DIR MODE   MODE: label-key | loss-key | rank-data | class-weight
+    python own_step_errors.py OUT_DIR MODE   MODE: label-key | loss-key | rank-data | class-weight | no-loss
 """
 import sys
 
@@ -30,5 +30,6 @@ elif mode == "class-weight":
     y, losses = y["cls"], losses["cls"]
     model = keras.Model({"num": num, "ids": ids}, keras.layers.Dense(2)(h))
     kwargs = {"class_weight": {0: 1.0, 5: 2.0}}
-model.compile("sgd", loss=losses)
+if mode != "no-loss":  # an uncompiled model, and fit gets no loss
+    model.compile("sgd", loss=losses)
 hvdtrain.fit(model, x=x, y=y, epochs=1, batch_size=8, log={"dir": out}, **kwargs)
