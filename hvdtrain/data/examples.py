@@ -37,10 +37,10 @@ def path_name(part: str, path: Tuple) -> str:
 
 def leaves(example: tuple) -> List[Tuple[str, object]]:
     """``[(name, leaf), ...]`` of an example ``(x[, y[, sample_weight]])``, in ``tf.nest`` order."""
-    return [(path_name(part, path), leaf) for part, nest in zip(PARTS, example) for path, leaf in _paths(nest)]
+    return [(path_name(part, path), leaf) for part, nest in zip(PARTS, example) for path, leaf in leaf_paths(nest)]
 
 
-def _paths(nest) -> List[Tuple[Tuple, object]]:
+def leaf_paths(nest) -> List[Tuple[Tuple, object]]:
     """``[(path, leaf)]`` of ``nest`` with dict keys and sequence indices as the path."""
     from tensorflow.python.util import nest as tf_nest  # the one public-enough walker with paths
 
@@ -164,7 +164,7 @@ class Examples:
     def _checked(self, example: tuple, what: str) -> tuple:
         example = as_example(example, f"{self.name}: {what}")
         example = tuple(tf.nest.pack_sequence_as(part, [_array(leaf, path_name(name, path), f"{self.name}: {what}")
-                                                        for path, leaf in _paths(part)])
+                                                        for path, leaf in leaf_paths(part)])
                         for name, part in zip(PARTS, example))
         counts = {name: _rows(leaf) for name, leaf in leaves(example)}
         if len(set(counts.values())) > 1:

@@ -1,0 +1,129 @@
+"""hvdtrain.loop, the pieces of your own GradientTape loop: each rank's exact shard of each global
+batch and its loss scale, global metric results from allreduced sums, rank-0 checkpoints restored
+on every rank. examples/gan_loop.py (Horovod's DistributedGradientTape on Keras 3, two optimizers) at
+2 ranks on local batch 8 equals one process on 16, on 101 images (the last step 3 + 2), its
+per-epoch losses too; resumed from rank 0's checkpoint it continues bit for bit; a damaged
+checkpoint stops every rank with its name."""
+import json
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from hvdtrain.data.sharding import ShardPlan
+from hvdtrain.errors import HvdtrainError
+from hvdtrain.loop import Checkpoints, global_results, rank_batches
+from hvdtrain.runtime.dist import DistContext
+from tests.helpers.kerases import needs_keras3
+from tests.helpers.oracle import assert_same_weights
+from tests.helpers.ranks import run_ranks
+
+ALONE = DistContext(rank=0, local_rank=0, size=1, local_size=1, cross_size=1, device="/CPU:0", cpu_cores=(0,),
+                    intra_op_threads=1)
+
+
+def test_each_example_once_per_epoch_on_equal_steps_with_the_loss_scale_of_each():
+    n, world = 101, 2
+    data = {"ids": np.arange(n), "pair": (np.arange(n) * 2.0, tf.ragged.constant([[i] * (i % 3) for i in range(n)]))}
+    batches = [list(rank_batches(data, ShardPlan(n, 8, world, r, seed=3), epoch=1)) for r in range(world)]
+    assert len(batches[0]) == len(batches[1]) == 7
+    seen = np.concatenate([b.examples["ids"] for rank in batches for b in rank])
+    assert sorted(seen) == list(range(n))
+    for rank in batches:
+        for b in rank:  # every leaf's rows are the same examples
+            np.testing.assert_array_equal(b.examples["pair"][0], b.examples["ids"] * 2.0)
+            assert b.examples["pair"][1].nrows() == b.local_size
+    last = [rank[-1] for rank in batches]
+    assert [b.local_size for b in last] == [2, 3] and {b.global_size for b in last} == {5}
+    assert [b.loss_scale for b in last] == [pytest.approx(0.8), pytest.approx(1.2)]
+    assert {b.loss_scale for rank in batches for b in rank[:-1]} == {1.0}
+    # The sum over ranks of local mean x loss_scale / world = the global batch's mean, on the short step too.
+    values = [b.examples["pair"][0] for b in last]
+    assert sum(v.mean() * b.loss_scale for v, b in zip(values, last)) / world == pytest.approx(
+        np.concatenate(values).mean())
+
+
+def test_a_leaf_of_another_length_is_named():
+    with pytest.raises(ValueError, match=r"data\['labels'\] has 99 rows, the plan 101 examples"):
+        next(rank_batches({"images": np.zeros((101, 2)), "labels": np.zeros(99)}, ShardPlan(101, 8, 1, 0), 0))
+
+
+def test_global_results_are_the_metrics_results_and_leave_their_state():
+    import keras
+
+    mean, accuracy = keras.metrics.Mean(name="loss"), keras.metrics.SparseCategoricalAccuracy(name="accuracy")
+    mean.update_state([1.0, 2.0, 6.0])
+    accuracy.update_state([0, 1], [[0.9, 0.1], [0.8, 0.2]])
+    assert global_results(ALONE, [mean, accuracy]) == {"loss": 3.0, "accuracy": 0.5}
+    assert float(mean.result()) == 3.0 and float(mean.count.numpy()) == 3.0
+
+
+@needs_keras3
+def test_a_keras3_optimizer_not_built_is_refused(tmp_path):
+    import keras
+
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    with pytest.raises(HvdtrainError, match=r"optimizer 'opt' is not built.*opt.build\(model.trainable_variables\)"):
+        Checkpoints(ALONE, str(tmp_path), model=model, opt=keras.optimizers.Adam())
+
+
+def _gan(out, np_, batch, epochs, ckpt, check=True):
+    argv = ["examples/gan_loop.py", "--train", "101", "--batch-size", str(batch), "--epochs", str(epochs),
+            "--ckpt-dir", str(ckpt), "--out", str(out)]
+    return run_ranks(np_, argv, launcher="gloo" if np_ > 1 else "single", timeout=300, check=check)
+
+
+def _result(out):
+    return dict(np.load(f"{out}.npz")), json.loads(open(f"{out}.json").read())
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory):
+    base = tmp_path_factory.mktemp("gan_loop")
+    result = _gan(base / "np2", 2, 8, 2, base / "ckpt")
+    return base, result
+
+
+@needs_keras3
+def test_the_gan_loop_at_two_ranks_equals_one_process_on_the_global_batch(two_ranks, tmp_path):
+    base, result = two_ranks
+    assert "world size 2 x local batch 8 = global batch 16; 101 images, 7 steps per epoch" in result.stdout
+    _gan(tmp_path / "np1", 1, 16, 2, tmp_path / "ckpt")
+    (ours, ran), (theirs, alone) = _result(base / "np2"), _result(tmp_path / "np1")
+    assert len(ours) == 8
+    assert_same_weights(ours, theirs, prefix="")
+    assert (ran["world_size"], alone["world_size"]) == (2, 1)
+    for mine, one in zip(ran["history"], alone["history"], strict=True):  # global sums, not the ranks' means
+        assert mine == pytest.approx(one, rel=1e-5)
+
+
+@needs_keras3
+def test_a_resumed_loop_continues_bit_for_bit_from_rank_0s_checkpoint(two_ranks, tmp_path):
+    base, _ = two_ranks
+    _gan(tmp_path / "first", 2, 8, 1, tmp_path / "ckpt")
+    assert sorted(os.listdir(tmp_path / "ckpt"))[0] == "checkpoint"  # rank 0's alone: one set of files
+    result = _gan(tmp_path / "resumed", 2, 8, 2, tmp_path / "ckpt")
+    assert "from epoch 2" in result.stdout
+    (resumed, ran), (straight, _) = _result(tmp_path / "resumed"), _result(base / "np2")
+    assert ran["first_epoch"] == 1
+    for key in straight:
+        np.testing.assert_array_equal(resumed[key], straight[key], err_msg=key)
+
+
+@needs_keras3
+def test_a_damaged_checkpoint_stops_every_rank_naming_it(two_ranks, tmp_path):
+    base, _ = two_ranks
+    ckpt = base / "ckpt"
+    data = [f for f in os.listdir(ckpt) if f.startswith("ckpt-2.data")]
+    damaged = tmp_path / "ckpt"
+    damaged.mkdir()
+    for name in os.listdir(ckpt):
+        content = (ckpt / name).read_bytes()
+        (damaged / name).write_bytes(content[:len(content) // 2] if name in data else content)
+    before = {name: (damaged / name).read_bytes() for name in os.listdir(damaged)}
+    result = _gan(tmp_path / "again", 2, 8, 3, damaged, check=False)
+    assert result.returncode != 0
+    assert f"checkpoint {damaged}/ckpt-2 is corrupt or of other objects" in result.stdout + result.stderr
+    assert "rank 0 failed while restoring a checkpoint" in result.stdout + result.stderr  # rank 1 stopped too
+    assert {name: (damaged / name).read_bytes() for name in os.listdir(damaged)} == before
