@@ -104,15 +104,16 @@ class ProgressBar(Callback):
 
 
 class EpochLine(Callback):
-    """One line per epoch on stdout."""
+    """One line per epoch on stdout; throughput in ``unit`` (``img/s``, or ``ex/s`` for examples that
+    are not images)."""
 
-    def __init__(self, epochs: int):
-        self.epochs = epochs
+    def __init__(self, epochs: int, unit: str = "img/s"):
+        self.epochs, self.unit = epochs, unit
 
     def on_epoch_end(self, epoch, m):
         test = f"{split_text(m, 'test')}  " if any(k.startswith("test_") for k in m) else ""  # a run may have none
         say(f"epoch {epoch + 1:>3}/{self.epochs}  {split_text(m, 'train')}  {test}"
-            f"{m['images_per_sec']:,.0f} img/s  {m['epoch_time_s']:.1f} s  lr {m['lr']:.4g}")
+            f"{m['images_per_sec']:,.0f} {self.unit}  {m['epoch_time_s']:.1f} s  lr {m['lr']:.4g}")
 
 
 _SHORT = {"accuracy": "acc"}  # names shortened in the lines printed

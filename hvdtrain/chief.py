@@ -33,14 +33,15 @@ def labels_summary(dataset) -> str:
 
 
 def chief_callbacks(config: Config, run_dir: str, manager: CheckpointManager, plan: ShardPlan, optimizer,
-                    meta: dict) -> List[cbs.Callback]:
+                    meta: dict, unit: str = "img/s") -> List[cbs.Callback]:
     """Rank 0's side effects: progress bar, epoch lines, metrics.jsonl, curves.png, TensorBoard, checkpoints.
 
     Args:
         meta: what every checkpoint records besides its position (:func:`hvdtrain.rundir.checkpoint_meta`).
+        unit: the epoch line's throughput unit: ``img/s`` (images), ``ex/s`` (a model object's examples).
     """
     return ([cbs.ProgressBar()] if config.log.progress else []) + [
-        cbs.EpochLine(config.epochs),
+        cbs.EpochLine(config.epochs, unit),
         cbs.JsonlMetrics(run_dir),
         Curves(run_dir),
         cbs.TensorBoard(run_dir, plan.steps_per_epoch, restart_markers=not config.elastic.enabled),

@@ -145,7 +145,8 @@ class DataConfig:
     function: Optional[str] = setting(
         None, "--data", "your own tf.data pipeline: package.module:function called as function(split='train'|'test', "
         "rank=, world_size=, seed=, epoch=) returning unbatched (image, label) pairs of the whole split "
-        "(hvdtrain.data.function)", metavar="MODULE:FUNCTION",
+        "(hvdtrain.data.function); for a --model object, examples (x[, y[, sample_weight]]) of any structure, "
+        "called once per split", metavar="MODULE:FUNCTION",
         requires=Requirement("'package.module:function'", lambda v: isinstance(v, str) and ":" in v))
     eval_batch_size: int = setting(0, "--eval-batch-size", "examples per evaluation batch per rank (0: the local "
                                    "batch, --batch-size)", requires=integer(0))
@@ -190,7 +191,9 @@ class ModelConfig:
     name: str = setting(
         "cnn", "--model", "cnn, resnet20, unet (per-pixel logits), or package.module:function returning an uncompiled "
         "Keras model, Keras 2 or 3 (called with input_shape=(H, W, C), num_classes=K) whose outputs fit the labels: "
-        "(batch, K) logits, no softmax ((batch, H, W, K) for label maps), or the targets' shape",
+        "(batch, K) logits, no softmax ((batch, H, W, K) for label maps), or the targets' shape; or "
+        "package.module:name of a Keras model object (or a function of no arguments returning one), compiled or with "
+        "its own train_step, trained by its own step on the data as stored (hvdtrain.command_line_model)",
         requires=Requirement("a model name", lambda v: isinstance(v, str) and bool(v.strip())))
     sync_bn: bool = setting(True, "--no-sync-bn", "built-in models: per-rank BatchNorm instead of synchronized "
                             "BatchNorm (refused with a model function, which chooses its own layers)", switch="off")

@@ -9,6 +9,7 @@ from typing import NamedTuple
 
 from hvdtrain import keras_recipe as own
 from hvdtrain import recipe_steps as steps
+from hvdtrain.command_line_model import command_line_parts
 from hvdtrain.config import Config
 from hvdtrain.elastic import ElasticJob
 from hvdtrain.ending import run_scope
@@ -46,6 +47,7 @@ def run(config: Config, parts: Parts = Parts(), keep_horovod: bool = False) -> O
         if not config.elastic.enabled:  # heartbeats to rank 0 name a rank that stalls (elastic: Horovod's driver)
             watchdog.connect(ctx)
         own_step = None
+        parts = command_line_parts(ctx, config, parts) or parts  # --model naming a Keras model object
         if parts.examples is None:
             # 2. Shard: the same data on every rank, a disjoint shard of each global batch, equal steps.
             data = steps.open_data(ctx, config, parts, watchdog)

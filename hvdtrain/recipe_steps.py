@@ -273,7 +273,8 @@ def rank_callbacks(ctx: DistContext, config: Config, parts: Parts, data: RankDat
         say(banner(ctx, config, data.dataset, data.plan, schedule, model, files.run_dir, files.ckpt_dir, files.start,
                    data.objective, model_label(parts.model or config.model.name), own_step))
     callbacks = ctx.guarded("opening the run's logs", lambda: chief_callbacks(
-        config, files.run_dir, files.manager, data.plan, optimizer, files.meta) if ctx.is_chief else [])
+        config, files.run_dir, files.manager, data.plan, optimizer, files.meta,
+        unit="ex/s" if own_step else "img/s") if ctx.is_chief else [])
     callbacks += [cb for cb in parts.callbacks if not is_keras_callback(cb) and (ctx.is_chief or not cb.chief_only)]
     keras_callbacks = [cb for cb in parts.callbacks if is_keras_callback(cb)]
     try:

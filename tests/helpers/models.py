@@ -396,3 +396,42 @@ def killed_on_rank_1_in_epoch_1(input_shape, num_classes):
     """The MLP; rank 1's process is killed at its 31st training step, before the first checkpoint."""
     return tf.keras.Sequential([mlp(input_shape, num_classes), _KilledOnRank1After(30, _launcher_rank())],
                                name="test_killed_on_rank_1")
+
+
+# ---- model objects, for --model package.module:name (hvdtrain.command_line_model) ---------------
+def compiled_mlp():
+    """A model object compiled as for Keras' fit (``import keras``: Keras 3, or Keras 2 on TF 2.15),
+    its uint8 pixels scaled in the model."""
+    import keras
+
+    keras.utils.set_random_seed(int(os.environ.get("HVDTRAIN_TEST_SEED", "0")) + _launcher_rank())  # per rank
+    model = keras.Sequential([keras.Input((28, 28, 1)), keras.layers.Rescaling(1 / 255), keras.layers.Flatten(),
+                              keras.layers.Dense(16, activation="tanh"), keras.layers.Dense(10)])
+    model.compile(optimizer=keras.optimizers.SGD(0.1, momentum=0.9), metrics=["accuracy"],
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+
+def token_classifier():
+    """Token ids under a dict key in, two classes out, compiled."""
+    import keras
+
+    ids = keras.Input((12,), dtype="int32", name="ids")
+    pooled = keras.layers.GlobalAveragePooling1D()(keras.layers.Embedding(50, 8)(ids))
+    model = keras.Model({"ids": ids}, keras.layers.Dense(2)(pooled))
+    model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  metrics=["accuracy"])
+    return model
+
+
+def token_examples(split, rank, world_size, seed, epoch):
+    """A data function of ``({"ids": (12,) int32}, label)`` examples: 101 train, 40 test."""
+    import numpy as np
+
+    n = 101 if split == "train" else 40
+    ids = np.random.default_rng([seed, split == "train"]).integers(1, 50, size=(n, 12)).astype("int32")
+    return tf.data.Dataset.from_tensor_slices(({"ids": ids}, (ids[:, 0] > 25).astype("int32")))
+
+
+def returns_a_string():
+    return "not a model"
