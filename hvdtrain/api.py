@@ -78,6 +78,8 @@ def fit(model_fn: Union[str, Callable], data=None, *, loss=None, metrics: Option
             epoch shuffles alike on every rank (``data={"shuffle_buffer": N}``) and shards exactly;
             or a data function ``fn(split, rank, world_size, seed, epoch) -> tf.data.Dataset``
             (:mod:`hvdtrain.data.function`). None: the config's ``data`` section (files, streams).
+            For a model object, each part any nest (dicts of features, labels per output,
+            ``(x, y, sample_weight)`` elements), and a data function is called once per split.
         loss: ``sparse_categorical_crossentropy``, ``binary_crossentropy``, ``mse``, a
             Keras ``losses.Loss`` or a callable ``(labels, outputs) -> (b, ...)`` losses per
             example or element (:func:`hvdtrain.losses.get_loss`); None: the config's.

@@ -56,20 +56,8 @@ def _model(ctx: DistContext, spec: str, found) -> object:
 def _examples(ctx: DistContext, config: Config):
     data = config.data
     if data.dataset == "function":
-        fn = import_function(data.function, "--data")
-
-        def split(name: str) -> tf.data.Dataset:
-            try:
-                made = fn(split=name, rank=ctx.rank, world_size=ctx.size, seed=config.seed, epoch=0)
-            except Exception as e:  # noqa: BLE001 -- the user's code
-                raise HvdtrainError(f"--data {data.function!r}: the function raised {type(e).__name__}: {e} "
-                                    f"(split {name!r})") from None
-            if made is not None and not isinstance(made, tf.data.Dataset):
-                raise HvdtrainError(f"--data {data.function!r}: split {name!r} is a {type(made).__name__}, not a "
-                                    f"tf.data.Dataset (or None for no test set)")
-            return made
-
-        return StreamedExamples(split("train"), split("test"), data.shuffle_buffer, config.seed)
+        return StreamedExamples.of_function(import_function(data.function, "--data"), f"--data {data.function!r}",
+                                            ctx.rank, ctx.size, config.seed, data.shuffle_buffer)
     if data.dataset in ("tfrecord", "folder"):
         raise HvdtrainError(f"--dataset {data.dataset} with a Keras model object (--model {config.model.name!r}): "
                             f"give --data package.module:function returning its unbatched (x, y) examples")

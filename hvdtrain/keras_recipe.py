@@ -10,6 +10,7 @@ that builds what a first step builds. Steps 1 and 5-9 are the recipe's own
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import List, Optional
 
 import tensorflow as tf
@@ -22,6 +23,7 @@ from hvdtrain.errors import EveryRankError, HvdtrainError
 from hvdtrain.keras_step import GradientExchange, MetricSums, has_own_step, model_optimizers, probe, step_name
 from hvdtrain.runtime.dist import DistContext
 from hvdtrain.runtime.watchdog import Watchdog
+from hvdtrain.user_code import name_of
 
 
 def is_model_object(model) -> bool:
@@ -70,8 +72,10 @@ def examples_from(data, *, x=None, y=None, sample_weight=None, class_weight=None
 
     Args:
         data: ``(x_train, y_train, x_test, y_test)`` (each part any nest of arrays),
-            ``(train, test)`` ``tf.data`` datasets of unbatched examples (``test`` may be None), or
-            None with ``x`` (and ``y``, ``sample_weight``), as Keras' ``fit`` takes them.
+            ``(train, test)`` ``tf.data`` datasets of unbatched examples (``test`` may be None), a data
+            function (:mod:`hvdtrain.data.function`'s signature, returning such datasets: then a
+            function of ``rank``, ``world_size`` that makes them), or None with ``x`` (and ``y``,
+            ``sample_weight``), as Keras' ``fit`` takes them.
         validation_data: with ``x``: ``(x, y[, sample_weight])`` for evaluation.
         class_weight: ``{class: weight}`` for one label array (Keras' rule).
 
@@ -86,6 +90,12 @@ def examples_from(data, *, x=None, y=None, sample_weight=None, class_weight=None
         return StreamedExamples(data[0], data[1], shuffle_buffer, seed)
     if isinstance(data, tf.data.Dataset):
         raise HvdtrainError("hvdtrain.fit(data=...) got one tf.data.Dataset; pass (train, test) or (train, None)")
+    if callable(data):  # a data function: called by open_examples, where the rank is known
+        if class_weight is not None or x is not None:
+            raise HvdtrainError("hvdtrain.fit: a data function with x= or class_weight=: put the weights in its "
+                                "examples, (x, y, sample_weight)")
+        return functools.partial(StreamedExamples.of_function, data, f"hvdtrain.fit(data={name_of(data)})",
+                                 seed=seed, shuffle_buffer=shuffle_buffer)
     if data is not None:
         if not isinstance(data, (tuple, list)) or len(data) != 4 or x is not None:
             raise HvdtrainError("hvdtrain.fit(model, data): data is (x_train, y_train, x_test, y_test), (train, test) "
@@ -118,6 +128,8 @@ def open_examples(ctx: DistContext, config: Config, parts, watchdog: Watchdog):
     watchdog.beat("loading data")
     kerases.set_random_seed(config.seed)
     examples = parts.examples
+    if callable(examples):  # a data function's (examples_from)
+        examples = ctx.guarded("calling the data function", lambda: parts.examples(rank=ctx.rank, world_size=ctx.size))
     fingerprint = ctx.guarded("reading the data", examples.fingerprint)
     agree_on_data(ctx, fingerprint)
     plan = ShardPlan(examples.num_train, config.batch_size, ctx.size, ctx.rank, seed=config.seed)
@@ -145,22 +157,45 @@ def refuse_settings(config: Config) -> None:
                              f"{', '.join(refused)}; pass a build function (model_fn(input_shape, num_classes)) for them")
 
 
+def _padding_hint(structure: List[str]) -> str:
+    """For a failed first step: which parts have rows of variable length, zero-padded per batch."""
+    varying = [line.split(" ")[0] for line in structure if "None" in line.partition(" (")[2]]
+    if not varying:
+        return ""
+    return (f" ({', '.join(varying)}: rows of variable length, zero-padded per batch to the batch's longest, "
+            f"so the model must take any length, as keras.Input((None,)) does)")
+
+
 def _compiled(model) -> bool:
     return bool(getattr(model, "compiled", False) or getattr(model, "_is_compiled", False))
 
 
+def _compile_args(model) -> Optional[dict]:
+    """The arguments a model was compiled with (the user's objects), or None where Keras does not
+    keep them, or the model has a ``compile()`` of its own (keras.io's distiller)."""
+    keras = kerases.module(kerases.version_of(model))
+    if type(model).compile is not keras.Model.compile:
+        return None
+    kept = getattr(model, "_compile_config", None)  # Keras 3's
+    if kept is not None:
+        return dict(kept.config)
+    get = getattr(model, "_get_compile_args", None)  # Keras 2's
+    return dict(get()) if get is not None else None
+
+
 def build_model(ctx: DistContext, config: Config, parts, data):
     """Step 3 on this path: the caller's model (BatchNorm synchronized with ``convert_sync_bn``),
-    compiled: as the caller compiled it, or with ``fit``'s loss, metrics and optimizer (hvdtrain's
-    configured optimizer, on its warmup schedule, where none is given).
+    compiled: as the caller compiled it, with ``fit``'s loss, metrics, optimizer and loss weights
+    where ``fit`` names them, or with ``fit``'s alone (hvdtrain's configured optimizer, on its
+    warmup schedule, where none is given).
 
     Returns:
         ``(model, keras, schedule)``: hvdtrain's schedule, or None for the caller's optimizer.
 
     Raises:
         EveryRankError: for settings this path refuses (:func:`refuse_settings`).
-        HvdtrainError: for ``fit``'s loss, metrics or optimizer given with an already compiled model,
-            or a model of two Kerases.
+        HvdtrainError: for ``fit``'s loss, metrics or optimizer given with a model compiled by a
+            ``compile()`` of its own, or a model of two Kerases.
     """
     from hvdtrain.model.convert import convert_sync_batchnorm
     from hvdtrain.optim import configured_optimizer, rescale_schedule
@@ -171,8 +206,12 @@ def build_model(ctx: DistContext, config: Config, parts, data):
     given = {k: v for k, v in (("loss", parts.loss), ("metrics", parts.metrics), ("optimizer", parts.optimizer),
                                ("loss_weights", parts.loss_weights)) if v is not None}
     if _compiled(model) and given and not config.model.convert_sync_bn:
-        raise HvdtrainError(f"hvdtrain.fit: the model is compiled already, and fit got {', '.join(given)} too: give them "
-                            f"to model.compile() or to fit, not both (a compiled model trains as compiled)")
+        compiled = _compile_args(model)
+        if compiled is None:
+            raise HvdtrainError(f"hvdtrain.fit: the model has a compile() of its own, and fit got {', '.join(given)} "
+                                f"too: give them to model.compile()")
+        # What fit names replaces what compile() was given; the rest stays as compiled.
+        model.compile(**{**{k: v for k, v in compiled.items() if v is not None}, **given})
     if config.model.convert_sync_bn:
         if _compiled(model):
             raise HvdtrainError("hvdtrain.fit: convert_sync_bn needs an uncompiled model (the converted model is a new "
@@ -257,7 +296,10 @@ def build_step(ctx: DistContext, parts, model, data, schedule) -> OwnStep:
             for optimizer in optimizers:
                 exchange.wrap(optimizer)
             with tf.device(ctx.device):
-                logs = probe(model, exchange, first_batch(data))
+                try:
+                    logs = probe(model, exchange, first_batch(data))
+                except HvdtrainError as e:
+                    raise HvdtrainError(f"{e}{_padding_hint(data.dataset.structure)}") from e.__cause__
             optimizers = exchange.used()
             if not optimizers:
                 raise HvdtrainError(f"{step_name(model)} applied no optimizer on a first batch: nothing would train")

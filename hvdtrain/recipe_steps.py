@@ -69,7 +69,8 @@ class Parts:
         optimizer: a Keras optimizer of the caller's (of the model's Keras), its learning rate (or schedule) used as it
             is; None: ``config.optim``'s, on hvdtrain's warmup schedule scaled by world size.
         examples: for a Keras model object (``model``), its data in Keras' ``fit`` forms
-            (:mod:`hvdtrain.data.examples`): the model then trains by its own step (:mod:`hvdtrain.keras_recipe`).
+            (:mod:`hvdtrain.data.examples`), or a function ``(rank=, world_size=)`` that makes them: the model then
+            trains by its own step (:mod:`hvdtrain.keras_recipe`).
         loss_weights: Keras' ``compile(loss_weights=...)`` for an uncompiled model object."""
 
     model: Optional[Union[str, Callable]] = None

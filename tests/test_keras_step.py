@@ -67,6 +67,9 @@ def test_a_resumed_run_of_two_optimizers_continues_exactly(tmp_path, keras):
     ("label-key", "the labels name output(s) 'score' that the model does not have (its outputs: cls, reg)"),
     ("loss-key", "the loss name output(s) 'score' that the model does not have (its outputs: cls, reg)"),
     ("rank-data", "rank 1 loaded other data than rank 0 (digest.train x['num']: "),
+    ("ragged", "Keras' default train_step fails on a batch of 8 examples: ValueError: Input 0 with name 'ids' of "
+               "layer 'functional' is incompatible with the layer: expected shape=(None, 4), found shape=(8, 3) "
+               "(x['ids']: rows of variable length, zero-padded per batch"),
     ("class-weight", "class_weight names class(es) [5] that no training label holds (the labels hold 0..0)"),
     ("no-loss", "the model is not compiled and fit got no loss=: Keras' default train_step needs one"),
 ])
@@ -106,3 +109,19 @@ def test_each_rank_draws_its_own_random_numbers_after_the_broadcast():
     np.testing.assert_array_equal(state.numpy(), before)  # rank 0 draws what one process would
     separate_random_streams(model, seed=0, rank=2)
     np.testing.assert_array_equal(state.numpy(), before + [2 * 1_000_003, 0])
+
+
+def test_fit_replaces_what_it_names_of_a_compiled_model_and_keeps_the_rest(tmp_path):
+    """compile(adam, mse, metrics=[mae]), then fit(optimizer=SGD): SGD trains, the loss and mae stay."""
+    script = tmp_path / "recompile.py"
+    script.write_text(
+        "import json, sys, keras, numpy as np, hvdtrain\n"
+        "model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])\n"
+        "model.compile('adam', loss='mse', metrics=['mae'])\n"
+        "x = np.random.default_rng(0).normal(size=(40, 3)).astype('float32')\n"
+        "r = hvdtrain.fit(model, x=x, y=x.sum(1, keepdims=True), optimizer=keras.optimizers.SGD(0.05), epochs=1,\n"
+        "                 batch_size=8, log={'dir': sys.argv[1], 'progress': False})\n"
+        "print(json.dumps({'optimizer': type(r.model.optimizer).__name__, 'keys': sorted(r.history[-1])}))\n")
+    result = run_ranks(1, [str(script), str(tmp_path / "run")], launcher="single", timeout=200)
+    ran = json.loads(result.stdout.strip().splitlines()[-1])
+    assert ran["optimizer"] == "SGD" and {"train_loss", "train_mae"} <= set(ran["keys"])

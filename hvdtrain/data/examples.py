@@ -266,6 +266,24 @@ class StreamedExamples:
         if not self.num_train:
             raise HvdtrainError(f"{name}: the training dataset holds no example")
 
+    @classmethod
+    def of_function(cls, fn, where: str, rank: int, world_size: int, seed: int,
+                    shuffle_buffer: int) -> "StreamedExamples":
+        """A data function's splits: ``fn(split="train" | "test", rank=, world_size=, seed=, epoch=0)``
+        (:mod:`hvdtrain.data.function`'s signature), each called once (``test`` may return None);
+        ``where`` names it in messages.
+
+        Raises:
+            HvdtrainError: naming ``where`` and the split, if the function raises or returns no dataset.
+        """
+        def split(name: str):
+            try:
+                return fn(split=name, rank=rank, world_size=world_size, seed=seed, epoch=0)
+            except Exception as e:  # noqa: BLE001 -- the user's code: any error becomes one clear message
+                raise HvdtrainError(f"{where}: the function raised {type(e).__name__}: {e} (split {name!r})") from None
+
+        return cls(split("train"), split("test"), shuffle_buffer, seed, name=where)
+
     def _checked(self, data, split: str):
         where = f"{self.name} ({split} set)"
         if not isinstance(data, tf.data.Dataset):

@@ -1,12 +1,13 @@
 """Bad input to hvdtrain.fit for a Keras model object, at real ranks: every rank exits non-zero with
 one error naming the problem (tests/test_keras_step.py).
 
-    python own_step_errors.py OUT_DIR MODE   MODE: label-key | loss-key | rank-data | class-weight | no-loss
+    python own_step_errors.py OUT_DIR MODE   MODE: label-key | loss-key | rank-data | ragged | class-weight | no-loss
 """
 import sys
 
 import keras
 import numpy as np
+import tensorflow as tf
 
 import hvdtrain
 
@@ -26,6 +27,8 @@ elif mode == "loss-key":
     losses = {**losses, "score": "mse"}
 elif mode == "rank-data":  # rank 1 holds other values
     x["num"] = x["num"] * (1 + ctx.rank)
+elif mode == "ragged":  # rows of 1-3 token ids, padded per batch to at most 3, for a model of 4
+    x["ids"] = tf.ragged.constant([[1] * (1 + i % 3) for i in range(40)], dtype=tf.int32)
 elif mode == "class-weight":
     y, losses = y["cls"], losses["cls"]
     model = keras.Model({"num": num, "ids": ids}, keras.layers.Dense(2)(h))
