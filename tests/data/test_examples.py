@@ -79,3 +79,26 @@ def test_streamed_sets_must_share_one_structure_and_be_unbatched():
         StreamedExamples(train.batch(2), None, 10, 0)
     with pytest.raises(HvdtrainError, match="infinite"):
         StreamedExamples(train.repeat(), None, 10, 0)
+
+
+def test_a_data_function_is_called_once_per_split_where_the_rank_is_known():
+    calls = []
+
+    def make(split, rank, world_size, seed, epoch):
+        calls.append((split, rank, world_size, seed, epoch))
+        return tf.data.Dataset.from_tensor_slices(({"ids": np.zeros((5, 3), np.int32)}, np.zeros(5))) \
+            if split == "train" else None
+
+    deferred = examples_from(make, seed=7)
+    assert not calls  # before the ranks are known, nothing is called
+    examples = deferred(rank=1, world_size=2)
+    assert calls == [("train", 1, 2, 7, 0), ("test", 1, 2, 7, 0)]
+    assert (examples.num_train, examples.num_test) == (5, 0)
+    assert examples.name == "hvdtrain.fit(data=make)"
+
+    def fails(split, **_):
+        raise KeyError(split)
+
+    with pytest.raises(HvdtrainError, match=r"hvdtrain.fit\(data=fails\): the function raised KeyError: 'train' "
+                                            r"\(split 'train'\)"):
+        examples_from(fails)(rank=0, world_size=1)
