@@ -127,3 +127,30 @@ def test_a_damaged_checkpoint_stops_every_rank_naming_it(two_ranks, tmp_path):
     assert f"checkpoint {damaged}/ckpt-2 is corrupt or of other objects" in result.stdout + result.stderr
     assert "rank 0 failed while restoring a checkpoint" in result.stdout + result.stderr  # rank 1 stopped too
     assert {name: (damaged / name).read_bytes() for name in os.listdir(damaged)} == before
+
+
+@pytest.mark.parametrize("keras_version", [2, pytest.param(3, marks=needs_keras3)])
+def test_checkpoints_hold_every_object_and_restore_the_newest(tmp_path, keras_version):
+    """In one process, Keras 2's objects (an optimizer listing its variables by a method) and Keras 3's."""
+    from hvdtrain import kerases
+
+    keras = kerases.module(keras_version)
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    optimizer = keras.optimizers.SGD(0.1, momentum=0.9)
+    optimizer.build(model.trainable_variables)
+    step = tf.Variable(0, dtype=tf.int64)
+    checkpoints = Checkpoints(ALONE, str(tmp_path), keep=2, model=model, optimizer=optimizer, step=step)
+    assert checkpoints.restore() == 0  # none yet
+    saved = []
+    for number in (1, 2, 3):
+        for v in model.weights:
+            v.assign(tf.fill(v.shape, float(number)))
+        step.assign(number)
+        saved.append(checkpoints.save(number))
+    assert sorted(p for p in os.listdir(tmp_path) if p.endswith(".index")) == ["ckpt-2.index", "ckpt-3.index"]
+    for v in model.weights:
+        v.assign(tf.zeros(v.shape))
+    step.assign(0)
+    again = Checkpoints(ALONE, str(tmp_path), model=model, optimizer=optimizer, step=step)
+    assert again.restore() == 3 and int(step.numpy()) == 3
+    assert all(np.all(v.numpy() == 3.0) for v in model.weights)
