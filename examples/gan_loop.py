@@ -6,7 +6,7 @@ hvdtrain's pieces for what a loop must get exactly right (hvdtrain.loop).
 Two dense networks on Fashion-MNIST (Debian's copy), each with its own Adam, each step
 ``hvd.DistributedGradientTape``'s. N ranks at local batch B train what one process trains at
 batch N·B, to rounding: each rank takes its exact shard of each global batch, the per-example noise
-is sharded with the images, each rank's mean loss is scaled by ``batch.loss_scale`` (so Horovod's
+is sharded with the images, each rank's mean loss is weighted by ``batch.loss_weight`` (so Horovod's
 average of the ranks' means is the global batch's mean, also on the short last step), and the
 epoch's losses are global sums, not a mean of the ranks' means. Run it again with more
 ``--epochs`` and it resumes from rank 0's newest checkpoint.
@@ -67,20 +67,20 @@ try:
     d_loss_metric, g_loss_metric = keras.metrics.Mean(name="d_loss"), keras.metrics.Mean(name="g_loss")
 
     @tf.function(reduce_retracing=True)
-    def train_step(real, noise, loss_scale):
+    def train_step(real, noise, loss_weight):
         real = tf.cast(real, "float32") / 255.0
         n = tf.shape(real)[0]
         with tf.GradientTape() as tape:
             logits = discriminator(tf.concat([generator(noise[:, 0]), real], 0))
             d_loss = loss_fn(tf.concat([tf.ones((n, 1)), tf.zeros((n, 1))], 0), logits)
-            scaled = d_loss * loss_scale  # on the tape: the average of these over ranks is the global mean
+            weighted = d_loss * loss_weight  # on the tape: the average of these over ranks is the global mean
         # 5. Horovod averages each network's gradients over ranks before its optimizer applies them.
-        grads = hvd.DistributedGradientTape(tape).gradient(scaled, discriminator.trainable_variables)
+        grads = hvd.DistributedGradientTape(tape).gradient(weighted, discriminator.trainable_variables)
         d_optimizer.apply_gradients(zip(grads, discriminator.trainable_variables))
         with tf.GradientTape() as tape:
             g_loss = loss_fn(tf.zeros((n, 1)), discriminator(generator(noise[:, 1])))
-            scaled = g_loss * loss_scale
-        grads = hvd.DistributedGradientTape(tape).gradient(scaled, generator.trainable_variables)
+            weighted = g_loss * loss_weight
+        grads = hvd.DistributedGradientTape(tape).gradient(weighted, generator.trainable_variables)
         g_optimizer.apply_gradients(zip(grads, generator.trainable_variables))
         d_loss_metric.update_state(d_loss, sample_weight=n)  # sums of loss x examples: global_results adds them
         g_loss_metric.update_state(g_loss, sample_weight=n)
@@ -90,7 +90,7 @@ try:
         # Each image's noise is the epoch's, drawn alike on every rank and sharded with it.
         noise = np.random.default_rng([a.seed, epoch]).normal(size=(len(images), 2, LATENT)).astype("float32")
         for batch in rank_batches((images, noise), plan, epoch):  # 7. the same steps on every rank
-            train_step(*batch.examples, tf.constant(batch.loss_scale, tf.float32))
+            train_step(*batch.examples, tf.constant(batch.loss_weight, tf.float32))
         losses = global_results(ctx, [d_loss_metric, g_loss_metric])  # over every image of the epoch
         for metric in (d_loss_metric, g_loss_metric):
             metric.reset_state()

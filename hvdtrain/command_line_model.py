@@ -9,8 +9,9 @@ configured data in Keras' forms:
   once per split (``epoch=0``), returning unbatched examples ``(x[, y[, sample_weight]])`` of any
   structure; hvdtrain shuffles each epoch (``--shuffle-buffer``) and shards them exactly.
 
-A function with parameters is a build function ``fn(input_shape, num_classes)``, trained by
-hvdtrain's image step as before.
+It trains as compiled: the command line's ``--loss``, ``--metrics`` and optimizer flags are for
+hvdtrain's image step. A function with parameters is a build function ``fn(input_shape,
+num_classes)``, trained by hvdtrain's image step as before.
 """
 from __future__ import annotations
 
@@ -22,21 +23,20 @@ from hvdtrain import kerases
 from hvdtrain.config import Config
 from hvdtrain.data.examples import Examples, StreamedExamples
 from hvdtrain.errors import HvdtrainError
-from hvdtrain.keras_recipe import is_model_object
+from hvdtrain.keras_recipe import is_compiled, is_model_object
+from hvdtrain.keras_step import has_own_step
 from hvdtrain.runtime.dist import DistContext
 from hvdtrain.user_code import import_function
 
 
 def _makes_a_model(obj) -> bool:
-    """A model object, or a callable that needs no arguments (not a build function)."""
+    """A model object, or a function of no parameters at all; a build function (``input_shape``,
+    ``num_classes``, defaults or not, or ``**kwargs``) and a class are not."""
     if is_model_object(obj):
         return True
-    try:
-        params = inspect.signature(obj).parameters.values()
-    except (TypeError, ValueError):
+    if not inspect.isfunction(obj):
         return False
-    return not any(p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
-                   for p in params)
+    return not inspect.signature(obj).parameters
 
 
 def _model(ctx: DistContext, spec: str, found) -> object:
@@ -51,6 +51,13 @@ def _model(ctx: DistContext, spec: str, found) -> object:
         raise HvdtrainError(f"--model {spec!r}: the function returned {type(model).__name__}, not a Keras model "
                             f"(a build function takes input_shape and num_classes)")
     return model
+
+
+def _check_compiled(spec: str, model) -> None:
+    if not is_compiled(model) and not has_own_step(model):
+        raise HvdtrainError(f"--model {spec!r}: the model is not compiled: compile it in your code (its loss, "
+                            f"metrics, optimizer); the command line's --loss, --metrics and optimizer flags are "
+                            f"for hvdtrain's image step")
 
 
 def _examples(ctx: DistContext, config: Config):
@@ -85,6 +92,7 @@ def command_line_parts(ctx: DistContext, config: Config, parts):
         return None
     kerases.set_random_seed(config.seed)  # any weights: rank 0's are broadcast; the same for the same seed
     model = ctx.guarded("building the model", lambda: _model(ctx, spec, found))
+    ctx.guarded("checking the model", lambda: _check_compiled(spec, model))
     examples = ctx.guarded("reading the data", lambda: _examples(ctx, config))
     return dataclasses.replace(parts, model=model, examples=examples)
 

@@ -91,9 +91,11 @@ def examples_from(data, *, x=None, y=None, sample_weight=None, class_weight=None
     if isinstance(data, tf.data.Dataset):
         raise HvdtrainError("hvdtrain.fit(data=...) got one tf.data.Dataset; pass (train, test) or (train, None)")
     if callable(data):  # a data function: called by open_examples, where the rank is known
-        if class_weight is not None or x is not None:
-            raise HvdtrainError("hvdtrain.fit: a data function with x= or class_weight=: put the weights in its "
-                                "examples, (x, y, sample_weight)")
+        beside = [k for k, v in (("x", x), ("y", y), ("sample_weight", sample_weight), ("class_weight", class_weight),
+                                 ("validation_data", validation_data)) if v is not None]
+        if beside:
+            raise HvdtrainError(f"hvdtrain.fit: a data function with {', '.join(beside)}=: its examples hold them, "
+                                f"(x, y, sample_weight), and its 'test' split the test set")
         return functools.partial(StreamedExamples.of_function, data, f"hvdtrain.fit(data={name_of(data)})",
                                  seed=seed, shuffle_buffer=shuffle_buffer)
     if data is not None:
@@ -159,14 +161,15 @@ def refuse_settings(config: Config) -> None:
 
 def _padding_hint(structure: List[str]) -> str:
     """For a failed first step: which parts have rows of variable length, zero-padded per batch."""
-    varying = [line.split(" ")[0] for line in structure if "None" in line.partition(" (")[2]]
+    varying = [line.rsplit(" (", 1)[0].rsplit(" ", 1)[0] for line in structure if "None" in line.rsplit(" (", 1)[1]]
     if not varying:
         return ""
     return (f" ({', '.join(varying)}: rows of variable length, zero-padded per batch to the batch's longest, "
             f"so the model must take any length, as keras.Input((None,)) does)")
 
 
-def _compiled(model) -> bool:
+def is_compiled(model) -> bool:
+    """Whether Keras 3 (``compiled``) or Keras 2 (``_is_compiled``) holds the model compiled."""
     return bool(getattr(model, "compiled", False) or getattr(model, "_is_compiled", False))
 
 
@@ -205,7 +208,7 @@ def build_model(ctx: DistContext, config: Config, parts, data):
     keras = kerases.module(kerases.choose(kerases.version_of(model), model=model, optimizer=parts.optimizer))
     given = {k: v for k, v in (("loss", parts.loss), ("metrics", parts.metrics), ("optimizer", parts.optimizer),
                                ("loss_weights", parts.loss_weights)) if v is not None}
-    if _compiled(model) and given and not config.model.convert_sync_bn:
+    if is_compiled(model) and given and not config.model.convert_sync_bn:
         compiled = _compile_args(model)
         if compiled is None:
             raise HvdtrainError(f"hvdtrain.fit: the model has a compile() of its own, and fit got {', '.join(given)} "
@@ -213,14 +216,14 @@ def build_model(ctx: DistContext, config: Config, parts, data):
         # What fit names replaces what compile() was given; the rest stays as compiled.
         model.compile(**{**{k: v for k, v in compiled.items() if v is not None}, **given})
     if config.model.convert_sync_bn:
-        if _compiled(model):
+        if is_compiled(model):
             raise HvdtrainError("hvdtrain.fit: convert_sync_bn needs an uncompiled model (the converted model is a new "
                                 "one): compile after hvdtrain.convert_sync_batchnorm(model), or give fit loss= "
                                 "and optimizer=")
         with tf.device(ctx.device):
             model = convert_sync_batchnorm(model)
     schedule = None
-    if not _compiled(model):
+    if not is_compiled(model):
         if parts.loss is None and not has_own_step(model):
             raise HvdtrainError(f"hvdtrain.fit: the model is not compiled and fit got no loss=: Keras' default "
                                 f"train_step needs one (compile the model, or give loss=)")

@@ -304,9 +304,15 @@ def separate_random_streams(model, seed: int, rank: int) -> None:
     ``seed * 1_000_003 + rank``. Rank 0 draws what one process would.
     """
     tf.random.set_seed(seed * 1_000_003 + rank)
+    offset_seed_generators(model.variables, rank)
+
+
+def offset_seed_generators(variables, rank: int) -> None:
+    """Rank ``r`` adds ``r * 1_000_003`` to the seed of each Keras 3 ``SeedGenerator`` state among
+    ``variables`` (after a broadcast copied rank 0's to every rank); rank 0's stay."""
     if not rank:
         return
-    for variable in model.variables:
+    for variable in variables:
         if "seed_generator_state" in getattr(variable, "path", variable.name):
             state = np.array(variable.numpy())
             state[0] += rank * 1_000_003

@@ -2,7 +2,7 @@
 Horovod's own API needs (a GAN's two optimizers, say), exact as hvdtrain's are.
 
 * :func:`rank_batches`: this rank's exact shard of each global batch of an epoch (each example once
-  per epoch over all ranks, equal steps on every rank; :class:`hvdtrain.ShardPlan`), with the factor
+  per epoch over all ranks, equal steps on every rank; :class:`hvdtrain.ShardPlan`), with the weight
   that makes Horovod's average of the ranks' mean losses the global batch's mean loss.
 * :func:`global_results`: Keras metrics over all ranks, from their variables (sums and counts)
   allreduced: the value one process would get on every example, never a mean of the ranks' means.
@@ -13,6 +13,8 @@ Horovod's own API needs (a GAN's two optimizers, say), exact as hvdtrain's are.
 from __future__ import annotations
 
 import dataclasses
+import glob
+import os
 import time
 from typing import Dict, Iterator, Optional, Sequence
 
@@ -24,6 +26,7 @@ from hvdtrain.data.examples import leaf_paths, path_name
 from hvdtrain.data.sharding import ShardPlan
 from hvdtrain.ending import QUIET_EXIT_DELAY_S
 from hvdtrain.errors import FoundHere, HvdtrainError, PeerFailure
+from hvdtrain.keras_step import offset_seed_generators
 from hvdtrain.runtime.dist import DistContext, tf_variable
 
 
@@ -46,7 +49,7 @@ class LocalBatch:
     world_size: int
 
     @property
-    def loss_scale(self) -> float:
+    def loss_weight(self) -> float:
         """``local_size * world_size / global_size``: this rank's mean loss times it, averaged over
         ranks (``hvd.DistributedGradientTape``'s default), is the global batch's mean loss, also on
         a step whose local batches differ in size. 1.0 on every full step."""
@@ -60,7 +63,12 @@ def _rows(leaf, indices: np.ndarray):
 
 
 def rank_batches(data, plan: ShardPlan, epoch: int) -> Iterator[LocalBatch]:
-    """This rank's local batch of each step of ``epoch``, in order.
+    """This rank's local batch of each step of ``epoch``, in order (the data checked at the call).
+
+    Step ``s`` over all ranks holds the examples one process at batch ``plan.global_batch`` takes at
+    step ``s``, but in one case: when the epoch's last global batch would hold fewer examples than
+    there are ranks, they join the step before it (a rank never gets an empty batch; see
+    :mod:`hvdtrain.data.sharding`).
 
     Args:
         data: a nest (tuple, list, dict) of arrays or tensors whose first dimension is the example,
@@ -73,7 +81,8 @@ def rank_batches(data, plan: ShardPlan, epoch: int) -> Iterator[LocalBatch]:
         :class:`LocalBatch`, ``plan.steps_per_epoch`` of them.
 
     Raises:
-        ValueError: if a leaf has another number of rows than ``plan.num_examples``.
+        ValueError: if a leaf has another number of rows than ``plan.num_examples``, or there are
+            fewer examples than ranks (a rank's batch would be empty).
     """
     for path, leaf in leaf_paths(data):
         shape = getattr(leaf, "shape", ())
@@ -81,7 +90,13 @@ def rank_batches(data, plan: ShardPlan, epoch: int) -> Iterator[LocalBatch]:
         if rows != plan.num_examples:
             raise ValueError(f"rank_batches: {path_name('data', path)} has {rows} rows, the plan "
                              f"{plan.num_examples} examples")
-    order = plan.permutation(epoch)
+    if plan.num_examples < plan.world_size:
+        raise ValueError(f"rank_batches: {plan.num_examples} examples for {plan.world_size} ranks: a rank's batch "
+                         f"would be empty")
+    return _batches(data, plan, plan.permutation(epoch))
+
+
+def _batches(data, plan: ShardPlan, order: np.ndarray) -> Iterator[LocalBatch]:
     for step in range(plan.steps_per_epoch):
         indices = order[plan.local_slice(step)]
         yield LocalBatch(step, tf.nest.map_structure(lambda leaf: _rows(leaf, indices), data), len(indices),
@@ -91,10 +106,10 @@ def rank_batches(data, plan: ShardPlan, epoch: int) -> Iterator[LocalBatch]:
 def global_results(ctx: DistContext, metrics: Sequence) -> Dict[str, object]:
     """Each Keras metric's ``result()`` over all ranks (a collective: every rank calls it alike).
 
-    Every Keras metric keeps sums in its variables (a ``Mean``'s total and count, an accuracy's
-    correct count and count, a confusion matrix): they are read as one float64 vector, allreduced
-    (summed), loaded into the metrics for ``result()``, and put back, so the local state is as it
-    was.
+    Keras' built-in metrics keep sums in their variables (a ``Mean``'s total and count, an
+    accuracy's correct count and count, a confusion matrix): they are read as one float64 vector,
+    allreduced (summed), loaded into the metrics for ``result()``, and put back, so the local state
+    is as it was. A metric of your own is exact so only if its variables are sums too.
 
     Args:
         ctx: the job (:func:`hvdtrain.init_distributed`).
@@ -102,8 +117,24 @@ def global_results(ctx: DistContext, metrics: Sequence) -> Dict[str, object]:
 
     Returns:
         ``{metric.name: float}`` (an ``np.ndarray`` for a vector result).
+
+    Raises:
+        ValueError: for two metrics of one name.
+        HvdtrainError: on every rank, where the ranks' metrics hold variables of other shapes (one
+            that builds its variables at its first update, and was never updated on some rank).
     """
+    names = [m.name for m in metrics]
+    if len(set(names)) < len(names):
+        raise ValueError(f"global_results: metrics of one name: {sorted(n for n in set(names) if names.count(n) > 1)}")
+    if not metrics:
+        return {}
     variables = [tf_variable(v) for m in metrics for v in m.variables]
+    layout = [(m.name, tuple(v.shape)) for m in metrics for v in m.variables]
+    layouts = ctx.allgather_object(layout, name="hvdtrain.loop.global_results.layout")
+    if any(other != layout for other in layouts):
+        odd = next(r for r, other in enumerate(layouts) if other != layouts[0])
+        raise HvdtrainError(f"global_results: rank {odd}'s metric variables differ from rank 0's "
+                            f"({layouts[odd]} against {layouts[0]}): update every metric on every rank")
     saved = [v.numpy() for v in variables]
     local = np.concatenate([np.ravel(s).astype(np.float64) for s in saved]) if saved else np.zeros(0)
     total = ctx.allreduce_sum(local, name="hvdtrain.loop.global_results")
@@ -117,6 +148,15 @@ def global_results(ctx: DistContext, metrics: Sequence) -> Dict[str, object]:
         for v, s in zip(variables, saved):
             v.assign(s)
     return {k: float(r) if r.size == 1 else r for k, r in results.items()}
+
+
+def _unbuilt_optimizer(obj) -> bool:
+    """A Keras 3 optimizer, or Keras 2's (tf_keras.optimizers), whose slots are not created yet.
+    (Keras 2's legacy optimizers create theirs at their first step and cannot be told.)"""
+    if not hasattr(obj, "apply_gradients") or not hasattr(obj, "build"):
+        return False
+    built = getattr(obj, "built", None)
+    return not (getattr(obj, "_built", False) if built is None else built)
 
 
 def _variables_of(obj) -> list:
@@ -144,7 +184,9 @@ class Checkpoints:
             their slots are saved: ``optimizer.build(model.trainable_variables)``), ``tf.Variable``\\ s.
 
     Raises:
-        HvdtrainError: ``keep`` < 1, no objects, or a Keras 3 optimizer that is not built.
+        HvdtrainError: ``keep`` < 1, no objects, or an optimizer that is not built (Keras 3's, or
+            Keras 2's ``tf_keras.optimizers``; Keras 2's legacy ones create their slots at their
+            first step: restore after it).
     """
 
     def __init__(self, ctx: DistContext, directory: str, keep: int = 3, **objects):
@@ -152,7 +194,7 @@ class Checkpoints:
             raise HvdtrainError(f"Checkpoints: keep must be >= 1 (got {keep}) and something to save "
                                 f"(got {sorted(objects)})")
         for name, obj in objects.items():
-            if getattr(obj, "built", True) is False and hasattr(obj, "apply_gradients"):
+            if _unbuilt_optimizer(obj):
                 raise HvdtrainError(f"Checkpoints: optimizer {name!r} is not built, so its slots would be missing: "
                                     f"call {name}.build(model.trainable_variables) first")
         self.ctx, self.directory, self.objects = ctx, directory, objects
@@ -186,6 +228,10 @@ class Checkpoints:
         def load() -> int:
             path = self._manager.latest_checkpoint
             if path is None:
+                left = sorted(glob.glob(os.path.join(self.directory, "ckpt-*.index")))
+                if left:  # tf.train.CheckpointManager ignores a damaged or missing index: no silent restart
+                    raise HvdtrainError(f"checkpoints {', '.join(map(os.path.basename, left))} are in "
+                                        f"{self.directory}, but its 'checkpoint' index names none (damaged or missing)")
                 return 0
             try:
                 self._checkpoint.read(path).assert_existing_objects_matched()
@@ -199,6 +245,7 @@ class Checkpoints:
                                            name="hvdtrain.loop.checkpoint_number")
         variables = [v for obj in self.objects.values() for v in _variables_of(obj)]
         self.ctx.broadcast_variables(variables, name="the broadcast of the loop's state")
+        offset_seed_generators(variables, self.ctx.rank)  # each rank its own Dropout masks, noise
         return number
 
     def save(self, number: int) -> Optional[str]:

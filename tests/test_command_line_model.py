@@ -55,9 +55,29 @@ def test_a_data_function_of_dict_examples_trains_a_model_object(tmp_path):
      f"--model '{MODELS}:returns_a_string': the function returned str, not a Keras model"),
     (["--model", f"{MODELS}:compiled_mlp", "--dataset", "tfrecord", "--data-dir", "/nonexistent"],
      "--dataset tfrecord with a Keras model object"),
+    (["--model", f"{MODELS}:uncompiled_mlp"],
+     f"--model '{MODELS}:uncompiled_mlp': the model is not compiled: compile it in your code"),
 ])
 def test_what_this_path_cannot_take_is_one_error(tmp_path, args, message):
     result = run_hvdtrain(1, [*args, "--log-dir", str(tmp_path)], launcher="single", check=False)
     assert result.returncode == 2
     assert f"hvdtrain: error: {message}" in result.stderr
     assert not (tmp_path / "checkpoints").exists()
+
+
+def test_only_a_model_object_or_a_function_of_no_parameters_is_one():
+    import keras
+
+    from hvdtrain.command_line_model import _makes_a_model
+
+    def build(input_shape=(28, 28, 1), num_classes=10):
+        return None
+
+    def build_kwargs(**kwargs):
+        return None
+
+    def make():
+        return None
+
+    assert _makes_a_model(make) and _makes_a_model(keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)]))
+    assert not any(_makes_a_model(f) for f in (build, build_kwargs, keras.Sequential, print))

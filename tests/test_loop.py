@@ -23,7 +23,7 @@ ALONE = DistContext(rank=0, local_rank=0, size=1, local_size=1, cross_size=1, de
                     intra_op_threads=1)
 
 
-def test_each_example_once_per_epoch_on_equal_steps_with_the_loss_scale_of_each():
+def test_each_example_once_per_epoch_on_equal_steps_with_the_loss_weight_of_each():
     n, world = 101, 2
     data = {"ids": np.arange(n), "pair": (np.arange(n) * 2.0, tf.ragged.constant([[i] * (i % 3) for i in range(n)]))}
     batches = [list(rank_batches(data, ShardPlan(n, 8, world, r, seed=3), epoch=1)) for r in range(world)]
@@ -36,17 +36,33 @@ def test_each_example_once_per_epoch_on_equal_steps_with_the_loss_scale_of_each(
             assert b.examples["pair"][1].nrows() == b.local_size
     last = [rank[-1] for rank in batches]
     assert [b.local_size for b in last] == [2, 3] and {b.global_size for b in last} == {5}
-    assert [b.loss_scale for b in last] == [pytest.approx(0.8), pytest.approx(1.2)]
-    assert {b.loss_scale for rank in batches for b in rank[:-1]} == {1.0}
-    # The sum over ranks of local mean x loss_scale / world = the global batch's mean, on the short step too.
+    assert [b.loss_weight for b in last] == [pytest.approx(0.8), pytest.approx(1.2)]
+    assert {b.loss_weight for rank in batches for b in rank[:-1]} == {1.0}
+    # The sum over ranks of local mean x loss_weight / world = the global batch's mean, on the short step too.
     values = [b.examples["pair"][0] for b in last]
-    assert sum(v.mean() * b.loss_scale for v, b in zip(values, last)) / world == pytest.approx(
+    assert sum(v.mean() * b.loss_weight for v, b in zip(values, last)) / world == pytest.approx(
         np.concatenate(values).mean())
 
 
-def test_a_leaf_of_another_length_is_named():
+def test_a_leaf_of_another_length_and_fewer_examples_than_ranks_are_errors_at_the_call():
     with pytest.raises(ValueError, match=r"data\['labels'\] has 99 rows, the plan 101 examples"):
-        next(rank_batches({"images": np.zeros((101, 2)), "labels": np.zeros(99)}, ShardPlan(101, 8, 1, 0), 0))
+        rank_batches({"images": np.zeros((101, 2)), "labels": np.zeros(99)}, ShardPlan(101, 8, 1, 0), 0)
+    with pytest.raises(ValueError, match="3 examples for 4 ranks: a rank's batch would be empty"):
+        rank_batches(np.zeros(3), ShardPlan(3, 1, 4, 3), 0)
+
+
+def test_the_last_few_examples_join_the_step_before_rather_than_leave_a_rank_empty():
+    batches = [list(rank_batches(np.arange(33), ShardPlan(33, 8, 2, r), 0)) for r in range(2)]
+    assert [b.global_size for b in batches[0]] == [16, 17] and [b.local_size for b in batches[1]] == [8, 9]
+    assert sum(rank[-1].loss_weight for rank in batches) == pytest.approx(2)  # the weights average to 1
+
+
+def test_global_results_of_no_metrics_and_of_two_of_one_name():
+    import keras
+
+    assert global_results(ALONE, []) == {}
+    with pytest.raises(ValueError, match=r"metrics of one name: \['loss'\]"):
+        global_results(ALONE, [keras.metrics.Mean(name="loss"), keras.metrics.Mean(name="loss")])
 
 
 def test_global_results_are_the_metrics_results_and_leave_their_state():
@@ -154,3 +170,27 @@ def test_checkpoints_hold_every_object_and_restore_the_newest(tmp_path, keras_ve
     again = Checkpoints(ALONE, str(tmp_path), model=model, optimizer=optimizer, step=step)
     assert again.restore() == 3 and int(step.numpy()) == 3
     assert all(np.all(v.numpy() == 3.0) for v in model.weights)
+
+
+def test_a_damaged_index_is_an_error_not_a_silent_restart(tmp_path):
+    step = tf.Variable(0, dtype=tf.int64)
+    Checkpoints(ALONE, str(tmp_path), step=step).save(1)
+    (tmp_path / "checkpoint").write_text("garbage {{{")
+    with pytest.raises(HvdtrainError, match=r"checkpoints ckpt-1.index are in .*, but its 'checkpoint' index names none"):
+        Checkpoints(ALONE, str(tmp_path), step=step).restore()
+
+
+@needs_keras3
+def test_each_rank_offsets_its_seed_generators_after_the_broadcast():
+    import keras
+
+    from hvdtrain.keras_step import offset_seed_generators
+
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dropout(0.5, seed=3)])
+    state = [v for v in model.variables if "seed_generator_state" in v.path]
+    assert len(state) == 1
+    before = np.array(state[0].numpy())
+    offset_seed_generators(model.variables, 0)  # rank 0 draws what one process draws
+    np.testing.assert_array_equal(state[0].numpy(), before)
+    offset_seed_generators(model.variables, 2)
+    np.testing.assert_array_equal(state[0].numpy(), before + [2 * 1_000_003, 0])

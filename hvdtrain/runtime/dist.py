@@ -72,10 +72,14 @@ def broadcast_variables(variables, root_rank: int = 0) -> None:
 
 
 def tf_variable(variable):
-    """The ``tf.Variable`` of a Keras 3 variable (which holds one as ``value``), or ``variable``."""
+    """The ``tf.Variable`` that holds a Keras 3 variable, or ``variable``. Its ``_value``, not
+    ``value``: that is a cast tensor inside a layer's autocast scope."""
     import tensorflow as tf
 
-    return variable if isinstance(variable, tf.Variable) else getattr(variable, "value", variable)
+    if isinstance(variable, tf.Variable):
+        return variable
+    held = getattr(variable, "_value", None)
+    return held if isinstance(held, tf.Variable) else getattr(variable, "value", variable)
 
 
 def restart_horovod(ctx: "DistContext") -> None:

@@ -435,3 +435,9 @@ def token_examples(split, rank, world_size, seed, epoch):
 
 def returns_a_string():
     return "not a model"
+
+
+def uncompiled_mlp():
+    import keras
+
+    return keras.Sequential([keras.Input((28, 28, 1)), keras.layers.Flatten(), keras.layers.Dense(10)])

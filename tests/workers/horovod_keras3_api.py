@@ -93,6 +93,12 @@ def distributed_gradient_tape_averages_and_keeps_local_sources():
     mean = np.mean([4.0 * (r + 1) for r in range(SIZE)])
     assert_close(kernel, np.full((3, 2), mean), "kernel: averaged")
     assert_close(bias, np.full((2,), 4.0 / SIZE), "bias: local, scaled by 1/size")
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(model(x))
+    tape = hvd.DistributedGradientTape(tape)
+    tape.register_local_source(model.layers[0].bias)
+    local, shared = tape.get_local_and_global_gradients(loss, model.trainable_variables)
+    assert [v.name for v, _ in local] == ["bias"] and [v.name for v, _ in shared] == ["kernel"]
 
 
 @case
