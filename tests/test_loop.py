@@ -141,8 +141,8 @@ def test_a_damaged_checkpoint_stops_every_rank_naming_it(two_ranks, tmp_path):
     result = _gan(tmp_path / "again", 2, 8, 3, damaged, check=False)
     assert result.returncode != 0
     assert f"checkpoint {damaged}/ckpt-2 is corrupt or of other objects" in result.stdout + result.stderr
-    # Rank 1 waits for rank 0 to print its error; the launcher then ends it (or it says rank 0 failed).
-    assert "Process 1 exit with status code" in result.stdout or "rank 0 failed while restoring" in result.stderr
+    # Rank 1 waits for rank 0 to print its error, then the launcher ends the job (within the timeout: no hang).
+    assert "Terminating remaining workers" in result.stdout or "rank 0 failed while restoring" in result.stderr
     assert {name: (damaged / name).read_bytes() for name in os.listdir(damaged)} == before
 
 
