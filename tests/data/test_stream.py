@@ -16,7 +16,7 @@ import pytest
 from hvdtrain.data.stream import PIPELINE_NICE, behind_the_step, untuned
 from hvdtrain.runtime.placement import thread_ids
 from hvdtrain.tools.make_image_folder import folder_order, write_image_folder
-from tests.helpers.ranks import run_ranks
+from tests.helpers.ranks import processes_naming, run_ranks
 
 COMMON = ["--epochs", "1", "--threads", "1", "--no-progress", "--seed", "0"]
 
@@ -163,9 +163,8 @@ def test_failure_mid_epoch_stops_every_rank_naming_the_cause(fashion_files, tmp_
     assert result.returncode != 0
     assert output.count(expected) == 1, output[-3000:]
     assert not re.search(r"\[\d+\]<stderr>:Traceback", output), output[-3000:]
-    failed = set(re.findall(r"Process (\d+) exit with status code -?[1-9]\d*\.", output))
-    terminated = set(re.findall(r"\[(\d+)\]<stderr>:Terminated", output))
-    assert failed | terminated == {"0", "1"}, output[-3000:]
+    # Every rank has ended (on its own, or by the launcher, whose report of the latter is racy).
+    assert processes_naming(str(tmp_path / "run")) == [], output[-3000:]
     checkpoints = tmp_path / "run" / "checkpoints"
     if case == "a data function that shrinks":  # failed in epoch 2: epoch 1's checkpoint is whole
         assert [p.name for p in checkpoints.iterdir() if p.name.startswith("ckpt-")] == ["ckpt-000024"]

@@ -79,3 +79,20 @@ def run_ranks(np_: int, argv: List[str], launcher: str = "gloo", timeout: float 
         raise AssertionError(f"exit {result.returncode}: {' '.join(map(str, proc.args))}\n"
                              f"--- stdout\n{out[-4000:]}\n--- stderr\n{err[-6000:]}")
     return result
+
+
+def processes_naming(marker: str) -> List[str]:
+    """The command lines of this host's live processes whose arguments contain ``marker`` (a run's
+    own directory, say): once the launcher has returned, every rank of that run should be gone."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                args = f.read().decode(errors="replace").split("\0")
+            with open(f"/proc/{pid}/stat") as f:
+                zombie = f.read().rsplit(")", 1)[1].split()[0] == "Z"
+        except OSError:  # it ended while being read
+            continue
+        if not zombie and any(marker in a for a in args):
+            found.append(" ".join(args).strip())
+    return found
