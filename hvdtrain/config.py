@@ -21,7 +21,7 @@ AUGMENTATIONS = ("none", "flip", "standard")
 DEFAULT_DATA_DIR = "/usr/share/datasets/fashion-mnist"  # Debian's dataset-fashion-mnist
 LR_SCHEDULES = ("cosine", "linear", "step", "constant")
 OPTIMIZERS = ("sgd", "adam", "adamw")
-PRECISIONS = ("fp32", "bf16", "fp16")
+PRECISIONS = ("fp32", "bf16", "fp16", "fp64")
 LOSSES = ("sparse_categorical_crossentropy", "binary_crossentropy", "mse")
 METRICS = ("accuracy", "top5", "mean_iou")
 KERAS_VERSIONS = (0, 2, 3)  # --keras: 0 picks the Keras TensorFlow gives by default (hvdtrain.kerases)
@@ -288,7 +288,9 @@ class ComputeConfig:
     """How the training step computes (:mod:`hvdtrain.precision`)."""
 
     precision: str = setting("fp32", "--precision", "fp32, or mixed precision: layers compute in bfloat16 (bf16) or "
-                             "float16 (fp16, with dynamic loss scaling); weights, loss and metrics stay float32",
+                             "float16 (fp16, with dynamic loss scaling); weights, loss and metrics stay float32. fp64: "
+                             "everything in float64, a slow reference whose rounding (1e-16) leaves any gap between "
+                             "world sizes a real one",
                              choices=PRECISIONS)
     xla: bool = setting(False, "--xla", "compile the forward and backward pass with XLA; the allreduce stays outside "
                         "it, so synchronized BatchNorm at more than one rank needs --no-sync-bn", switch="on")

@@ -76,8 +76,9 @@ class GradientExchange:
         world_size: ranks; at 1 the gradients are only scaled (by 1 where the batch is whole).
 
     Attributes:
-        share: float32 scalar variable, this rank's ``local count / global count`` for the step
-            now running (the trainer sets it before each step).
+        share: float64 scalar variable, this rank's ``local count / global count`` for the step
+            now running (the trainer sets it before each step); float64, so that a float64 model's
+            step stays exact, and cast to each gradient's dtype.
 
     The exchange of one ``apply``: gradients ``None`` pass as they are (alike on every rank: the
     same model); ``IndexedSlices`` (embeddings) become dense; then one ``hvd.grouped_allreduce``
@@ -86,7 +87,7 @@ class GradientExchange:
 
     def __init__(self, world_size: int):
         self.world_size = world_size
-        self.share = tf.Variable(1.0, trainable=False, dtype=tf.float32, name="hvdtrain_batch_share")
+        self.share = tf.Variable(1.0, trainable=False, dtype=tf.float64, name="hvdtrain_batch_share")
         self._wrapped: List[Tuple[object, str, Callable]] = []
         self._used: list = []
         self._dry = False
@@ -398,7 +399,7 @@ def make_keras_steps(model, exchange: GradientExchange, objective: MetricSums, s
     def train_step(batch, global_count):
         data = gather_rows(gather_from, batch) if gather_from is not None else batch
         local = batch_size_of(data)
-        exchange.share.assign(tf.cast(local, tf.float32) / global_count)
+        exchange.share.assign(tf.cast(local, tf.float64) / tf.cast(global_count, tf.float64))
         logs = model.train_step(data)
         objective.examples_seen.assign_add(tf.cast(local, tf.float64))
         sums.assign(objective.read(logs))

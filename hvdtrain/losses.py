@@ -1,4 +1,4 @@
-"""Training losses, as one float32 loss per example.
+"""Training losses, as one loss per example: float32, or float64 for a float64 model (``--precision fp64``).
 
 A rank's step sums its examples' losses and scales the sum by ``world_size / global_count``
 (:mod:`hvdtrain.step`), so that Horovod's average of the ranks' gradients is the gradient of the
@@ -20,14 +20,27 @@ from hvdtrain.errors import HvdtrainError
 from hvdtrain.user_code import name_of
 
 
+def loss_dtype(dtype: tf.DType) -> tf.DType:
+    """The dtype losses and metrics are computed in for outputs of ``dtype``: float64 for float64
+    (a float64 reference keeps its precision to the last step), float32 for any other (half
+    precision's narrow range is for the layers, not the loss)."""
+    return tf.float64 if tf.as_dtype(dtype) == tf.float64 else tf.float32
+
+
+def at_loss_dtype(values: tf.Tensor) -> tf.Tensor:
+    """``values`` cast to :func:`loss_dtype` of theirs."""
+    return tf.cast(values, loss_dtype(values.dtype))
+
+
 def per_example(values: tf.Tensor, what: str = "the loss") -> tf.Tensor:
-    """``(b, ...)`` per-element values -> float32 ``(b,)``: the mean over each example's elements.
+    """``(b, ...)`` per-element values -> ``(b,)`` (float32, or float64 for float64 values): the
+    mean over each example's elements.
 
     Raises:
         HvdtrainError: for one value of the whole batch (a batch mean), which summed over ranks
             would weight a short batch like a full one; naming ``what`` gave it.
     """
-    values = tf.cast(values, tf.float32)
+    values = at_loss_dtype(values)
     if values.shape.rank == 0:
         raise HvdtrainError(f"{what} returned one value for the whole batch (a mean): it must give one per example "
                             f"(shape (b,) or (b, ...)), which hvdtrain sums over every rank's examples")
@@ -48,10 +61,11 @@ class Loss:
 
     Call arguments:
         labels: ``(b, ...)`` int32 class indices or float32 targets.
-        outputs: the model's ``(b, ..., K)`` logits or values, any float dtype (taken to float32).
+        outputs: the model's ``(b, ..., K)`` logits or values, any float dtype (taken to float32;
+            float64 stays float64).
 
     Output shape:
-        float32 ``(b,)``.
+        ``(b,)``, float32 (float64 for float64 outputs).
     """
 
     def __init__(self, name: str, fn: Callable, labels: Optional[str] = CLASSES):
@@ -60,9 +74,9 @@ class Loss:
         self.name, self.fn, self.labels = name, fn, labels
 
     def __call__(self, labels: tf.Tensor, outputs: tf.Tensor) -> tf.Tensor:
-        outputs = tf.cast(outputs, tf.float32)
+        outputs = at_loss_dtype(outputs)
         if self.labels == TARGETS:
-            labels = tf.cast(labels, tf.float32)
+            labels = tf.cast(labels, outputs.dtype)
         return per_example(self.fn(labels, outputs), f"the loss {self.name}")
 
     def __repr__(self) -> str:

@@ -20,15 +20,16 @@ import tensorflow as tf
 
 from hvdtrain import kerases
 
-POLICIES = {"fp32": "float32", "bf16": "mixed_bfloat16", "fp16": "mixed_float16"}
+POLICIES = {"fp32": "float32", "bf16": "mixed_bfloat16", "fp16": "mixed_float16", "fp64": "float64"}
 
 
 def set_precision(precision: str) -> None:
     """Set the global dtype policy of each Keras (2 and 3) for the layers built from now on: a
-    model function's Keras is known only once it has built the model.
+    model function's Keras is known only once it has built the model. ``fp64`` also sets Keras'
+    ``floatx`` (what initializers and backend helpers default to) to float64; the others to float32.
 
     Args:
-        precision: ``fp32``, ``bf16`` or ``fp16`` (:data:`hvdtrain.config.PRECISIONS`).
+        precision: ``fp32``, ``bf16``, ``fp16`` or ``fp64`` (:data:`hvdtrain.config.PRECISIONS`).
 
     Raises:
         KeyError: for another name (the config refuses it first).
@@ -40,7 +41,9 @@ def set_precision(precision: str) -> None:
         if precision == "fp32" and version == 3 and "keras" not in sys.modules:
             continue  # float32 is the default of a Keras not imported yet: importing it would cost a second
         try:
-            kerases.module(version).mixed_precision.set_global_policy(policy)
+            keras = kerases.module(version)
+            keras.mixed_precision.set_global_policy(policy)
+            keras.backend.set_floatx("float64" if precision == "fp64" else "float32")
         except Exception:  # noqa: BLE001 -- a Keras not installed, or Keras 3 on another backend: not used here
             continue
 

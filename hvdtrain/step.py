@@ -114,7 +114,7 @@ def make_train_step(model, optimizer, world_size: int, inputs: StepInputs,
         # Sum over the local batch scaled by world_size / global_count: Horovod averages the ranks'
         # gradients, so the result is the gradient of the mean loss over the global batch, exact
         # even when local batches differ in size (the last step of an epoch).
-        loss = tf.reduce_sum(per_example) * (float(world_size) / global_count)
+        loss = tf.reduce_sum(per_example) * (world_size / tf.cast(global_count, per_example.dtype))
         if model.losses:
             loss += tf.add_n(model.losses)
         return loss, batch_sums

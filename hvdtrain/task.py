@@ -10,7 +10,7 @@ import tensorflow as tf
 from hvdtrain.config import CLASSES
 from hvdtrain.errors import EveryRankError, HvdtrainError
 from hvdtrain.user_code import name_of
-from hvdtrain.losses import Loss
+from hvdtrain.losses import Loss, at_loss_dtype
 from hvdtrain.metrics import Metric, get_metric
 
 
@@ -89,7 +89,7 @@ class Objective:
         return ["loss"] + [m.name for m in self.metrics]
 
     def __call__(self, labels: tf.Tensor, outputs: tf.Tensor) -> Tuple[tf.Tensor, tf.Tensor]:
-        outputs = tf.cast(outputs, tf.float32)
+        outputs = at_loss_dtype(outputs)
         losses = self.loss(labels, outputs)
         sums = [tf.stack([tf.reduce_sum(tf.cast(losses, tf.float64)), tf.cast(tf.shape(losses)[0], tf.float64)])]
         sums += [m.sums(labels, outputs) for m in self.metrics]
@@ -104,8 +104,8 @@ class Objective:
             HvdtrainError: naming the loss or metric that fails or gives other than one value per example.
         """
         batch = int(labels.shape[0])
-        for name, run in [(f"the loss {self.loss.name}", lambda: self.loss(labels, tf.cast(outputs, tf.float32)))] + [
-                (f"the metric {m.name}", lambda m=m: m.sums(labels, tf.cast(outputs, tf.float32))) for m in self.metrics]:
+        for name, run in [(f"the loss {self.loss.name}", lambda: self.loss(labels, at_loss_dtype(outputs)))] + [
+                (f"the metric {m.name}", lambda m=m: m.sums(labels, at_loss_dtype(outputs))) for m in self.metrics]:
             try:
                 value = run()
             except HvdtrainError:

@@ -31,28 +31,43 @@ OPTIMIZERS = {
 }
 
 
-def _job(tmp_path, tag, np_, sizes, steps, model, extra):
+ONEDNN = {"onednn-default": None, "onednn-off": "0"}  # None: as TensorFlow sets it on this host (on, on AVX-512)
+
+
+def _job(tmp_path, tag, np_, sizes, steps, model, extra, env=None):
     model_name, *flags = model
     return weights(train_steps(tmp_path, tag, np_, model_name, sizes, str(steps), *flags, *extra,
-                               launcher="gloo" if np_ > 1 else "single"))
+                               launcher="gloo" if np_ > 1 else "single", env=env))
 
 
-@pytest.mark.parametrize("variant", list(OPTIMIZERS))
-def test_converted_cnn_at_two_ranks_equals_one_process_on_the_global_batch(tmp_path, variant):
-    """10 steps of a Keras 3 CNN whose Keras BatchNormalization layers were converted, at local
-    batches 5 + 27 against one process at 32 (the same global batches), to 1e-5 per tensor: every
-    rank ends with the one process's weights and moving statistics. With accumulation, 2 ranks x 2
-    passes against one process x 2 passes (BatchNorm normalizes each pass's batch)."""
-    extra = OPTIMIZERS[variant]
-    rank0 = _job(tmp_path, "ranks", 2, "5,27", 10, CONVERTED, extra)
+def _assert_converted_cnn_equals_one_process(tmp_path, extra, env=None):
+    rank0 = _job(tmp_path, "ranks", 2, "5,27", 10, CONVERTED, extra, env)
     rank1 = weights(str(tmp_path / "ranks"), 1)
-    oracle = _job(tmp_path, "oracle", 1, "32", 10, CONVERTED, extra)
+    oracle = _job(tmp_path, "oracle", 1, "32", 10, CONVERTED, extra, env)
     for w in (rank0, rank1):
         assert_same_weights(w, oracle)
     moved = [k for k in rank0 if k.startswith("final/")
              and not np.array_equal(rank0[k], rank0["initial/" + k[len("final/"):]])]
     assert len(moved) >= 10, "the model did not train"
     assert int(rank0["iterations"]) == int(oracle["iterations"]) == 10
+
+
+@pytest.mark.parametrize("variant", list(OPTIMIZERS))
+def test_converted_cnn_at_two_ranks_equals_one_process_on_the_global_batch(tmp_path, variant):
+    """10 steps of a Keras 3 CNN whose Keras BatchNormalization layers were converted, at local
+    batches 5 + 27 against one process at 32 (the same global batches), in float64 to 1e-12 per
+    tensor: every rank ends with the one process's weights and moving statistics. With
+    accumulation, 2 ranks x 2 passes against one process x 2 passes (BatchNorm normalizes each
+    pass's batch)."""
+    _assert_converted_cnn_equals_one_process(tmp_path, [*OPTIMIZERS[variant], "--precision", "fp64"])
+
+
+@pytest.mark.parametrize("onednn", list(ONEDNN))
+@pytest.mark.parametrize("variant", ["sgd", "backward-passes-2"])
+def test_converted_cnn_in_float32_on_the_kernels_users_get(tmp_path, variant, onednn):
+    """The same in float32, with oneDNN's custom kernels as TensorFlow sets them on this host and
+    pinned off, to 1e-5 per tensor (float32 rounding, as tests/helpers/oracle.py derives it)."""
+    _assert_converted_cnn_equals_one_process(tmp_path, OPTIMIZERS[variant], {"TF_ENABLE_ONEDNN_OPTS": ONEDNN[onednn]})
 
 
 def test_ranks_start_from_rank_0s_weights_and_stay_alike(tmp_path):

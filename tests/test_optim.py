@@ -65,17 +65,19 @@ def test_rescaled_schedule_continues_at_the_same_epoch(old_size, new_size, itera
 
 # ---- the optimizers with real ranks: N ranks == 1 process on the global batch -------------------------------
 # AdamW is Keras' Adam with decoupled decay; clipping is the optimizers' common code (one case each).
+# In float64, where a real discrepancy stands 1e4 above rounding (tests/helpers/oracle.py).
+FP64 = ["--precision", "fp64"]
 OPTIMIZER_CASES = {
-    "adamw": ["--optimizer", "adamw", "--lr", "0.01", "--weight-decay", "0.5"],
+    "adamw": ["--optimizer", "adamw", "--lr", "0.01", "--weight-decay", "0.5", *FP64],
     "sgd-nesterov-weight-decay-clip-norm": ["--nesterov", "--weight-decay", "0.5",
-                                            "--clip-norm", "0.05"],  # well below the gradient's norm: every step clips
+                                            "--clip-norm", "0.05", *FP64],  # well below the gradient's norm: every step clips
 }
 
 
 @pytest.fixture(scope="module")
 def plain_sgd(tmp_path_factory):
     return weights(train_steps(tmp_path_factory.mktemp("sgd"), "sgd", 1, "tests.helpers.models:cnn_sync_bn", "32", 10,
-                               launcher="single"))
+                               *FP64, launcher="single"))
 
 
 @pytest.mark.parametrize("case", OPTIMIZER_CASES)

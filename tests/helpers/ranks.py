@@ -19,7 +19,8 @@ MPIRUN = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none
 
 
 def rank_env(extra: Optional[dict] = None) -> dict:
-    """The environment for ranks: this repository importable, no GPU, unbuffered output, root allowed."""
+    """The environment for ranks: this repository importable, no GPU, unbuffered output, root
+    allowed, oneDNN's custom ops off; ``extra`` on top (a None value unsets its variable)."""
     env = dict(os.environ)
     env.update({
         "PYTHONPATH": os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep),
@@ -35,7 +36,11 @@ def rank_env(extra: Optional[dict] = None) -> dict:
         "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
         "OMPI_MCA_btl_vader_single_copy_mechanism": "none",
     })
-    env.update(extra or {})
+    for key, value in (extra or {}).items():  # None: unset (TensorFlow's own default)
+        if value is None:
+            env.pop(key, None)
+        else:
+            env[key] = value
     return env
 
 

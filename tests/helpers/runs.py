@@ -23,10 +23,10 @@ def weights(path_prefix, rank=0):
     return {k: data[k] for k in data.files}
 
 
-def train_steps(tmp_path, tag, np_, model, sizes, steps, *extra, launcher="gloo"):
+def train_steps(tmp_path, tag, np_, model, sizes, steps, *extra, launcher="gloo", env=None):
     out = tmp_path / f"{tag}.npz"
     run_ranks(np_, ["-m", "tests.workers.train_steps", str(out), model, sizes, str(steps), *extra],
-              launcher=launcher, timeout=240)
+              launcher=launcher, timeout=240, env=env)
     return str(out)[:-4]
 
 

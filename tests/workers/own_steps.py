@@ -5,7 +5,7 @@ tests/test_keras_step.py compares np=2 at local batch B with one process at 2B.
     python own_steps.py OUT_DIR KERAS BATCH CASE[,CASE...] [EPOCHS [resume]]   KERAS: 2 | 3
 
 EPOCHS (default 2) is the run's total; ``resume`` continues the run in OUT_DIR/<case> from its
-checkpoint, as a new process does after a stop.
+checkpoint, as a new process does after a stop. OWN_STEPS_FLOATX=float64 builds the models in float64.
 
 Writes OUT_DIR/<case>.rank<r>.npz: the final trained weights (``final/<i>``), every weight
 (``all/<i>``: Keras 2 counts a model's metric trackers among them) and, as JSON in
@@ -27,6 +27,8 @@ if version == 3:
 else:
     import tf_keras as K  # noqa: N812
 
+if os.environ.get("OWN_STEPS_FLOATX"):  # float64: the oracle's decisive precision
+    K.backend.set_floatx(os.environ["OWN_STEPS_FLOATX"])
 hvdtrain.init_distributed()
 # 101 / (2 x 8): six full global batches and a short last one of 5, 3 + 2: each rank traces its own
 # last step. (97: the last example joins the step before, 9 + 8: one rank traces anew, the other not.)
@@ -37,6 +39,8 @@ IDS = rng.integers(1, 40, (N, 7)).astype(np.int32)
 CLS = (NUM[:, 0] + (IDS[:, 0] % 3) > 0.5).astype(np.int32) + (NUM[:, 1] > 1.0).astype(np.int32)
 REG = (NUM[:, :1] * 0.5 + 0.1).astype(np.float32)
 WEIGHT = rng.uniform(0.2, 2.0, N).astype(np.float32)
+if os.environ.get("OWN_STEPS_FLOATX"):  # the data of a float64 model: its own train_step subtracts it
+    NUM, REG, WEIGHT = (a.astype(os.environ["OWN_STEPS_FLOATX"]) for a in (NUM, REG, WEIGHT))
 
 
 def two_headed():
