@@ -103,3 +103,27 @@ class DynamicLossScale:
         self.finite_steps.assign(tf.where(tf.logical_and(finite, tf.logical_not(grow)), self.finite_steps + 1,
                                           tf.zeros_like(self.finite_steps)))
         self.skipped_steps.assign_add(tf.where(finite, tf.constant(0, tf.int64), tf.constant(1, tf.int64)))
+
+
+def not_float64(model) -> Optional[str]:
+    """What keeps ``model`` (built under ``fp64``) from computing in float64, or None if nothing:
+    the first layer, nested ones included, whose compute dtype or one of whose variables is of
+    another dtype (a layer built with its own ``dtype=``, say), named with that dtype.
+
+    Args:
+        model: a built Keras model, Keras 2 or 3.
+    """
+    from hvdtrain.model.moving_statistics import sublayers
+
+    layers = [*sublayers(model), model]
+    for layer in layers:
+        compute = getattr(layer, "compute_dtype", None)  # an input layer's may be an integer type
+        if compute is not None and tf.as_dtype(compute).is_floating and compute != "float64":
+            return f"layer {layer.name!r} ({type(layer).__name__}) computes in {compute}"
+    # Layers holding no others first: a model's weights are its layers'.
+    for layer in sorted(layers, key=lambda layer: bool(sublayers(layer))):
+        for variable in getattr(layer, "weights", []):
+            dtype = tf.as_dtype(variable.dtype)
+            if dtype.is_floating and dtype != tf.float64:
+                return f"layer {layer.name!r} ({type(layer).__name__}) holds {variable.name} in {dtype.name}"
+    return None

@@ -6,27 +6,35 @@ trains the model for ``--steps`` steps three times from the same initial weights
 global batches, with the run's loss and a plain SGD of the same effective learning rate: at world
 size ``--np`` (local batch ``--batch-size``, under ``horovodrun --gloo`` on this host), as one
 process (local batch ``np x --batch-size``), and, in that process again from the initial weights,
-with each batch's examples in reverse order. The third run measures the model's own float32
-rounding noise: the same arithmetic summed in another order (a model random per example, such as
-dropout, draws other masks in it too). Each variable's difference ``|w_N - w_1|`` (L2 norm) after
-the first step is compared with that noise and with the variable's update ``|w_1 - w_0|``; a
-variable differs if its difference exceeds all of 10x the noise (at most 0.1 of its update: more
-"noise" is a model random per example, such as dropout, not rounding), ``--tolerance`` (1e-3) of
-its update, and 1e-5 of the whole model's update. After the last step the whole model is compared
-alike. Why after the first step: training amplifies rounding, in some models quickly (after 10
-steps of a MobileNetV2, reversing the order moves the weights by as much as their update); the
-first step is where a real difference stands far above the noise. hvdtrain's own layers stay
-within the noise; a layer that computes from its rank's batch alone (Keras' ``BatchNormalization``
-in training: per-rank batch statistics; ``--convert-sync-bn`` converts them), draws
-rank-dependent randomness or holds state outside its variables differs; so does dropout, whose
-masks each rank draws for its own examples (the built-in ``cnn`` has it: verify models without).
-It prints a summary per step and the layers that differ (``--verbose``: every variable). Exit
+with each batch's examples in reverse order: the same arithmetic summed in another order, which
+shows how far the model's training amplifies rounding.
+
+The three runs train in float64 (``--precision auto``, the default, where every layer can compute
+in it; ``fp64`` insists, ``fp32`` compares in float32). There rounding sits near 1e-16, so each
+variable's difference ``|w_N - w_1|`` (L2 norm) may be at most 1e-9 of its update ``|w_1 - w_0|``
+(or of 1e-5 of the whole model's, for a variable that barely moves): no real difference is as
+small. A model that cannot compute in float64 (a layer built with ``dtype="float32"``) is named and
+compared in float32, against its rounding noise: a variable differs if its difference exceeds all
+of 10x the reversed order's (at most 0.1 of its update: more "noise" is a model random per
+example, such as dropout, not rounding), ``--tolerance`` (1e-3) of its update, and 1e-5 of the
+whole model's update.
+
+Step 1 decides, and each later step while the reversed order moves the model by less than the
+tolerance / 1000: training amplifies rounding, in some models quickly (a MobileNetV2's 1e-13 after
+step 1 passes 1e-12 at step 2, and by step 10 any two runs differ by as much as their update),
+and past that point a comparison cannot tell rounding from a bug. hvdtrain's own layers agree; a
+layer that computes from its rank's batch alone (Keras' ``BatchNormalization`` in training:
+per-rank batch statistics; ``--convert-sync-bn`` converts them), draws rank-dependent randomness or
+holds state outside its variables differs; so does dropout, whose masks each rank draws for its
+own examples (the built-in ``cnn`` has it: verify models without). It prints a summary of the
+first and last deciding step and the layers that differ (``--verbose``: every variable). Exit
 status: 0 if equivalent, 1 if not, 2 on an error.
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
 import subprocess
 import sys
@@ -54,8 +62,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--lr", type=float, default=0.01, help="SGD learning rate of the global batch (not scaled)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--precision", choices=("auto", "fp64", "fp32"), default="auto",
+                   help="train the three runs in float64, where rounding (1e-16) cannot hide a real difference, or "
+                        "in float32 against its rounding noise; auto: float64 where the model can compute in it")
     p.add_argument("--tolerance", type=float, default=TOLERANCE,
-                   help="a difference this small relative to the variable's own update passes, even above the noise")
+                   help="in float32: a difference this small relative to the variable's own update passes, even "
+                        "above the noise")
     p.add_argument("--verbose", action="store_true", help="list every variable's difference, noise and update")
     p.add_argument("--convert-sync-bn", action="store_true",
                    help="convert the model's Keras BatchNormalization layers to synchronized ones first")
@@ -87,6 +99,7 @@ def worker(a) -> None:
     from hvdtrain.losses import get_loss
     from hvdtrain.model.zoo import build_model
     from hvdtrain.optim import build_optimizer
+    from hvdtrain.precision import not_float64, set_precision
     from hvdtrain.task import build_objective, expected_outputs
     from hvdtrain.recipe_steps import broadcast_state
     from hvdtrain.trainer import Trainer
@@ -99,9 +112,24 @@ def worker(a) -> None:
         raise HvdtrainError(f"{dataset.name}: {dataset.num_train} examples give {plan.steps_per_epoch} global batches "
                             f"of {plan.global_batch}, fewer than --steps {a.steps}")
     objective = build_objective(loss, (), dataset)
-    set_random_seed(a.seed)  # the same initial weights at both world sizes (rank 0's)
-    model = build_model(a.model, dataset.input_shape, dataset.num_classes, seed=a.seed, rank=ctx.rank,
-                        convert_sync_bn=a.convert_sync_bn, keras=a.keras, **expected_outputs(loss, dataset))
+
+    def build(precision):
+        set_precision(precision)
+        set_random_seed(a.seed)  # the same initial weights at both world sizes (rank 0's)
+        return build_model(a.model, dataset.input_shape, dataset.num_classes, seed=a.seed, rank=ctx.rank,
+                           convert_sync_bn=a.convert_sync_bn, keras=a.keras, **expected_outputs(loss, dataset))
+
+    model = build("fp32" if a.precision == "fp32" else "fp64")
+    why = None if a.precision == "fp32" else not_float64(model)
+    if why and a.precision == "fp64":
+        raise HvdtrainError(f"{a.model} cannot train in float64 (--precision fp64): {why}; --precision fp32 "
+                            f"compares in float32, against its rounding noise")
+    if why:
+        kerases.module(kerases.version_of(model)).backend.clear_session()  # the same layer names again
+        model = build("fp32")
+    if ctx.rank == 0:  # what the one process settles, the ranks' run then takes
+        with open(f"{a.worker}.precision.json", "w") as f:
+            json.dump({"precision": "fp32" if why or a.precision == "fp32" else "fp64", "why": why}, f)
     config = OptimConfig(base_lr=a.lr / ctx.size, momentum=0.0, warmup_epochs=0, lr_schedule="constant")
     optimizer, _ = build_optimizer(config, ctx.size, plan.steps_per_epoch, 1, model.trainable_variables,
                                    kerases.module(kerases.version_of(model)))
@@ -118,8 +146,8 @@ def worker(a) -> None:
             if step == a.steps:
                 break
             trainer.train_step(indices[::-1] if order == "reversed" else indices, np.float32(global_count))
-            if step + 1 in (1, a.steps):
-                snapshots.update({f"{step + 1}:{i}:{_name(v)}": v.numpy() for i, v in enumerate(model.variables)})
+            # Every step: where training starts to amplify rounding is found afterwards.
+            snapshots.update({f"{step + 1}:{i}:{_name(v)}": v.numpy() for i, v in enumerate(model.variables)})
         if ctx.rank == 0:
             from hvdtrain.model.convert import keras_batch_norm_layers
 
@@ -131,6 +159,12 @@ def worker(a) -> None:
 NOISE_FACTOR = 10.0  # a difference this many times the rounding noise's is no rounding
 NOISE_CAP = 0.1  # of a variable's update: more "noise" than this is randomness per example (dropout), not rounding
 FLOOR = 1e-5  # of the whole model's update: below it, a variable's difference is negligible
+# In float64 rounding starts near 1e-16 of each operation; the steps amplify it, and no real
+# difference (a layer of its rank's batch alone) is as small.
+FP64_TOLERANCE = 1e-9
+# After step 1, a step decides while the reversed order moves the model by less than the tolerance
+# over this: its rounding, amplified by the steps, must stay far under what is called a difference.
+CHAOS_MARGIN = 1000.0
 
 
 @dataclasses.dataclass
@@ -143,7 +177,12 @@ class Row:
     noise: float  # |w_reversed - w_1|: the same examples summed in another order
     update: float  # |w_1 - w_0|: how far the one-process run moved it
 
-    def differs(self, tolerance: float, model_update: float) -> bool:
+    def differs(self, tolerance: float, model_update: float, fp64: bool = False) -> bool:
+        """In float64, beyond :data:`FP64_TOLERANCE` of its update; in float32, beyond all of its
+        rounding noise (:data:`NOISE_FACTOR`, capped), ``tolerance`` of its update, and
+        :data:`FLOOR` of the model's."""
+        if fp64:
+            return self.difference > FP64_TOLERANCE * max(self.update, FLOOR * model_update)
         noise = min(NOISE_FACTOR * self.noise, NOISE_CAP * self.update)
         return self.difference > max(noise, tolerance * self.update, FLOOR * model_update)
 
@@ -200,11 +239,12 @@ def main(argv=None) -> int:
         say("hvdtrain verify: error: --np must be >= 2, --batch-size and --steps >= 1, --tolerance > 0", sys.stderr)
         return 2
     args = [arg for arg in (argv if argv is not None else sys.argv[1:])]
-    outputs = {}
+    outputs, precision = {}, a.precision
     with tempfile.TemporaryDirectory() as tmp:
-        for run, world_size in (("ranks", a.np), ("single", 1)):
+        # The one process first: it settles the precision (auto: float64 unless a layer cannot).
+        for run, world_size in (("single", 1), ("ranks", a.np)):
             out = os.path.join(tmp, run)
-            python = [sys.executable, "-m", "hvdtrain.tools.verify", *args, "--worker", out]
+            python = [sys.executable, "-m", "hvdtrain.tools.verify", *args, "--precision", precision, "--worker", out]
             command = python if world_size == 1 else [
                 sys.executable, "-m", "horovod.runner.launch", "-np", str(world_size), "-H", f"localhost:{world_size}",
                 "--gloo", *python]
@@ -212,39 +252,65 @@ def main(argv=None) -> int:
             env = {k: v for k, v in os.environ.items() if not k.startswith(("HOROVOD_", "OMPI_", "PMI"))}
             done = subprocess.run(command, env=env, capture_output=True, text=True)
             if done.returncode != 0:
-                say(f"hvdtrain verify: error: the run at world size {world_size} failed: "
+                hint = (" (in float64: --precision fp32 compares in float32)" if precision != "fp32" else "")
+                say(f"hvdtrain verify: error: the run at world size {world_size} failed{hint}: "
                     + failure(done.stdout + done.stderr), sys.stderr)
                 return 2
+            if world_size == 1:
+                with open(f"{out}.precision.json") as f:
+                    settled = json.load(f)
+                precision, why = settled["precision"], settled["why"]
             for order in orders(world_size):
                 with np.load(f"{out}.{order}.npz") as saved:
                     outputs[run if order == "forward" else order] = dict(saved)
+    fp64 = precision == "fp64"
+    how = ("in float64: rounding near 1e-16, so a difference above "
+           f"{FP64_TOLERANCE:g} of a variable's update is real" if fp64 else
+           "in float32" + (f" ({why}, so not in float64)" if why else "")
+           + "; rounding noise: that process with each batch's examples in reverse order")
     say(f"{a.steps} steps of {a.model}: world size {a.np} (local batch {a.batch_size}) against one process (batch "
-        f"{a.np * a.batch_size}); rounding noise: that process with each batch's examples in reverse order")
-    verdicts = {}
-    for step in sorted({1, a.steps}):
+        f"{a.np * a.batch_size}), {how}")
+    # Each step decides while the reversed order's own difference stays small: past that, training
+    # has amplified rounding until any two runs differ (MobileNetV2: by its update within 10 steps).
+    chaos = (FP64_TOLERANCE if fp64 else a.tolerance) / CHAOS_MARGIN
+    decided, chaotic_from, per_step = [], None, {}
+    for step in range(1, a.steps + 1):
         rows = compare(outputs["ranks"], outputs["single"], outputs["reversed"], step)
-        update, difference, noise = total(rows, "update"), total(rows, "difference"), total(rows, "noise")
-        differing = [row for row in rows if row.differs(a.tolerance, update)]
-        verdicts[step] = (rows, differing, difference > max(min(NOISE_FACTOR * noise, NOISE_CAP * update),
-                                                            a.tolerance * update, FLOOR * update))
-        say(f"  after step {step}: |w_{a.np} - w_1| = {difference / max(update, 1e-30):.2e} of the update "
-            f"(rounding noise {noise / max(update, 1e-30):.2e}); {len(differing)} of {len(rows)} variables beyond "
-            f"it")
+        update = total(rows, "update")
+        whole = Row("model", (), total(rows, "difference"), total(rows, "noise"), update)
+        if step > 1 and whole.noise > chaos * update:
+            chaotic_from = step
+            break
+        per_step[step] = (rows, whole, [row for row in rows if row.differs(a.tolerance, update, fp64)])
+        decided.append(step)
+        if per_step[step][2] or whole.differs(a.tolerance, update, fp64):
+            break  # the first step that differs is the one to show
+    for step in sorted({decided[0], decided[-1]}):
+        rows, whole, differing = per_step[step]
+        say(f"  after step {step}: |w_{a.np} - w_1| = {whole.difference / max(whole.update, 1e-300):.2e} of the update "
+            f"(reversed order {whole.noise / max(whole.update, 1e-300):.2e}); {len(differing)} of {len(rows)} "
+            f"variables beyond " + (f"{FP64_TOLERANCE:g}" if fp64 else "it"))
         if a.verbose:
             width = max(len(row.name) for row in rows)
             for row in rows:
                 say(f"    {row.name:<{width}}  {str(tuple(row.shape)):<18} difference {row.difference:.2e}  noise "
                     f"{row.noise:.2e}  update {row.update:.2e}" + ("  <-- differs" if row in differing else ""))
-    rows, differing, _ = verdicts[1]
-    whole_model_differs = verdicts[a.steps][2]
-    if total(rows, "noise") > NOISE_CAP * total(rows, "update"):
+    if chaotic_from is not None:
+        deciding = "step 1 decides" if chaotic_from == 2 else f"steps 1-{chaotic_from - 1} decide"
+        say(f"  from step {chaotic_from} the reversed order alone moves the model by more than {chaos:g} of its "
+            f"update (its training amplifies rounding until any two runs differ): {deciding}")
+    rows, whole, differing = per_step[decided[-1]]
+    whole_model_differs = whole.differs(a.tolerance, whole.update, fp64)
+    first_rows = per_step[1][0]
+    if total(first_rows, "noise") > NOISE_CAP * total(first_rows, "update"):
         say(f"hvdtrain verify: the reversed order moves the model by more than {NOISE_CAP:g} of its first update: "
-            f"it is random per example (Dropout? random augmentation?), which no rank count can repeat; its "
-            f"differences are held to {NOISE_CAP:g} of each update")
+            f"it is random per example (Dropout? random augmentation?), which no rank count can repeat"
+            + ("" if fp64 else f"; its differences are held to {NOISE_CAP:g} of each update"))
     if differing or whole_model_differs:
         layers = list(dict.fromkeys(layer_of(row.name) for row in differing))
         per_rank = list(outputs["single"]["keras_bn"])
-        named = (f"; the first layers whose variables differ after step 1: {_listed(layers)}" if layers else "")
+        named = (f"; the first layers whose variables differ after step {decided[-1]}: {_listed(layers)}"
+                 if layers else "")
         named += (f". It has {len(per_rank)} Keras BatchNormalization layer(s), which normalize each rank's batch "
                   f"alone: {_listed(per_rank)}" if per_rank else "")
         say(f"hvdtrain verify: the model trains differently at {a.np} ranks{named}. Look for layers that compute from "
@@ -252,8 +318,12 @@ def main(argv=None) -> int:
             f"--convert-sync-bn), draw rank-dependent randomness, or keep state outside their variables; through "
             f"the gradients, every variable before them differs too (--verbose lists every variable)")
         return 1
-    say(f"hvdtrain verify: equivalent (every difference within {NOISE_FACTOR:g}x the rounding noise, "
-        f"{a.tolerance:g} of the variable's update, or {FLOOR:g} of the model's)")
+    if fp64:
+        say(f"hvdtrain verify: equivalent in float64 (every difference within {FP64_TOLERANCE:g} of the variable's "
+            f"update, or of {FLOOR:g} of the model's for a variable that barely moves)")
+    else:
+        say(f"hvdtrain verify: equivalent in float32 (every difference within {NOISE_FACTOR:g}x the rounding noise, "
+            f"{a.tolerance:g} of the variable's update, or {FLOOR:g} of the model's)")
     return 0
 
 

@@ -290,6 +290,13 @@ def mlp_with_keras_dropout(input_shape, num_classes):
                                 tf.keras.layers.Dense(num_classes)])
 
 
+def mlp_with_a_float32_head(input_shape, num_classes):
+    """:func:`mlp` whose last layer is built with ``dtype="float32"``: it cannot compute in float64."""
+    return tf.keras.Sequential([tf.keras.Input(input_shape), tf.keras.layers.Flatten(),
+                                tf.keras.layers.Dense(16, activation="tanh"),
+                                tf.keras.layers.Dense(num_classes, dtype="float32", name="float32_head")])
+
+
 def keras3_mlp(input_shape, num_classes):
     """:func:`mlp` built with Keras 3 (``import keras`` on TensorFlow >= 2.16)."""
     import keras
