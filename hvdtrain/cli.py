@@ -138,7 +138,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         if launcher_rank() == 0:
             print(config_to_yaml(config), end="")
         return 0
-    from hvdtrain.recipe import run  # imports TensorFlow: after argument checks, so --help is fast
+    from hvdtrain.runtime.tf_banner import import_tensorflow
+
+    import_tensorflow()  # after argument checks, so --help is fast; without TensorFlow's banner
+    from hvdtrain.recipe import run
 
     install_stop_handlers()  # launchers pass Ctrl-C on as SIGTERM, as Slurm does on scancel
     try:

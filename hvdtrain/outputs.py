@@ -1,4 +1,5 @@
-"""What a finished run leaves besides its checkpoints (rank 0): ``model.keras`` and ``curves.png``."""
+"""What a finished run leaves besides its checkpoints (rank 0): ``model.keras`` and ``curves.png``,
+and the line that names them."""
 from __future__ import annotations
 
 import os
@@ -12,6 +13,18 @@ from hvdtrain.files import fsync_dir
 MODEL_FILE = "model.keras"
 WEIGHTS_FILE = "model.weights.h5"  # a model Keras cannot save whole
 CURVES_FILE = "curves.png"
+
+
+FIRST = (MODEL_FILE, WEIGHTS_FILE, "metrics.jsonl", CURVES_FILE)  # what a finished run is looked at for
+
+
+def run_folder_line(run_dir: str) -> str:
+    """The last line of a finished run: its folder and what is in it, the trained model first
+    (``hvdtrain: done: runs/x holds model.keras, metrics.jsonl, curves.png, checkpoints/, ...``)."""
+    names = [name + ("/" if os.path.isdir(os.path.join(run_dir, name)) else "") for name in os.listdir(run_dir)
+             if not name.startswith(".")]
+    names.sort(key=lambda name: (FIRST.index(name) if name in FIRST else len(FIRST), name))
+    return f"hvdtrain: done: {run_dir} holds {', '.join(names)}"
 
 
 def save_trained_model(model, run_dir: str) -> Optional[str]:

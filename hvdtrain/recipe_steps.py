@@ -42,7 +42,7 @@ from hvdtrain.model.moving_statistics import sublayers
 from hvdtrain.model.sync_bn import SyncBatchNormalizationBase
 from hvdtrain.model.zoo import build_model
 from hvdtrain.optim import build_optimizer, users_optimizer
-from hvdtrain.outputs import save_trained_model
+from hvdtrain.outputs import run_folder_line, save_trained_model
 from hvdtrain.precision import DynamicLossScale, set_precision
 from hvdtrain.rundir import checkpoint_dir, checkpoint_meta, open_run_dir, restore_for_resume, write_run_config
 from hvdtrain.runtime.dist import DistContext, init_distributed
@@ -309,8 +309,8 @@ def make_trainer(ctx: DistContext, config: Config, data: RankData, model, optimi
 def save_result(ctx: DistContext, config: Config, trainer: Trainer, metrics: dict, model, run_dir: str,
                 watchdog: Watchdog) -> None:
     """Step 9, on rank 0: say why training stopped early, if it did; then the trained model as
-    ``<run_dir>/model.keras`` (:func:`hvdtrain.outputs.save_trained_model`), or an evaluation-only
-    run's test metrics."""
+    ``<run_dir>/model.keras`` (:func:`hvdtrain.outputs.save_trained_model`) and the line naming the
+    run folder and its files, or an evaluation-only run's test metrics."""
     if not ctx.is_chief:
         return
     if trainer.stopped_after:
@@ -320,6 +320,7 @@ def save_result(ctx: DistContext, config: Config, trainer: Trainer, metrics: dic
     else:  # no stall: a large file takes long
         watchdog.pause("saving the trained model", 3600.0)
         save_trained_model(model, run_dir)
+        say(run_folder_line(run_dir))
 
 
 def agree_on_data(ctx: DistContext, fingerprint: dict) -> None:

@@ -12,6 +12,9 @@
 #   tf2.21 (default)  TensorFlow 2.21.0 + tf-keras 2.21.0 on the newest of Python 3.13, 3.12, 3.11, 3.10 found
 #   tf2.15            TensorFlow 2.15.1 + tf-keras 2.15.1 on Python 3.11 (TF 2.15 has no wheels for 3.12+)
 # PYTHON=/path/to/python picks the interpreter; HVDTRAIN_VENV the environment's directory.
+#
+# The console gets one line per phase that has work to do; everything the tools print (apt, pip,
+# the compilers) goes to setup.log (HVDTRAIN_SETUP_LOG), whose last lines are shown on a failure.
 set -euo pipefail
 export TF_CPP_MIN_LOG_LEVEL=2  # quiet TensorFlow start-up banners in the checks below
 export TF_USE_LEGACY_KERAS=1   # tf.keras is Keras 2 (tf-keras) on TF >= 2.16, as hvdtrain's import sets it
@@ -21,8 +24,19 @@ VENV="${HVDTRAIN_VENV:-$ROOT/.venv}"
 STACK="${STACK:-tf2.21}"
 HOROVOD_VERSION=0.28.1
 
-log() { printf '[setup] %s\n' "$*"; }
-die() { printf '[setup] error: %s\n' "$*" >&2; exit 1; }
+if [[ "$STACK" == tf2.21 ]]; then LOG="$ROOT/setup.log"; else LOG="$ROOT/setup-$STACK.log"; fi
+LOG="${HVDTRAIN_SETUP_LOG:-$LOG}"
+: > "$LOG"
+exec 3>&1 4>&2 >>"$LOG" 2>&1  # the tools' output to the log; the phase lines to fd 3 (the console)
+log() { printf '[setup] %s\n' "$*" | tee /dev/fd/3; }
+die() { printf '[setup] error: %s\n' "$*" | tee /dev/fd/4; exit 1; }
+failed() {
+  local status=$?
+  { printf '[setup] error: the command at scripts/setup.sh line %s failed (exit %s); the last lines of %s:\n' \
+      "$1" "$status" "$LOG"; tail -n 25 "$LOG" | sed 's/^/  | /'; } >&4
+  exit "$status"
+}
+trap 'failed $LINENO' ERR
 
 case "$STACK" in
   tf2.21) PYTHONS=(3.13 3.12 3.11 3.10); TF_KERAS=2.21.0 ;;
@@ -56,7 +70,7 @@ if ((${#missing[@]})); then
   log "installing Debian packages: ${missing[*]}"
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
-  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
 # 2. Virtual environment with the stack's pinned Python packages --------------------------------
@@ -91,13 +105,13 @@ BUILD_ID="horovod $HOROVOD_VERSION, tensorflow $TF_VERSION, patches $(cat "${PAT
 STAMP="$VENV/.horovod-build"
 if [[ "$(cat "$STAMP" 2>/dev/null)" != "$BUILD_ID" ]] \
    || ! "$PY" -c 'import horovod.tensorflow as hvd; assert hvd.gloo_built() and hvd.mpi_built()' 2>/dev/null; then
-  log "building $BUILD_ID (about 5 minutes on 2 cores)"
+  log "building $BUILD_ID, with ${#PATCHES[@]} patches (about 5 minutes on 2 cores)"
   SRC="$(mktemp -d)"
   trap 'rm -rf "$SRC"' EXIT
   "$PY" -m pip download -q --disable-pip-version-check --no-deps --no-binary :all: --no-build-isolation -d "$SRC" "horovod==$HOROVOD_VERSION"
   tar -xzf "$SRC/horovod-$HOROVOD_VERSION.tar.gz" -C "$SRC"
   for patch in "${PATCHES[@]}"; do
-    log "  applying $(basename "$patch")"
+    echo "applying $(basename "$patch")"
     git -C "$SRC/horovod-$HOROVOD_VERSION" apply --whitespace=nowarn "$patch"
   done
   "$PY" -m pip uninstall -y -q horovod >/dev/null 2>&1 || true
@@ -115,7 +129,11 @@ if ! (cd / && "$PY" -c 'import hvdtrain') 2>/dev/null; then  # from /: not found
   "${PIP[@]}" --no-build-isolation --no-deps -e "$ROOT"
 fi
 # 5. hvdtrain's single-pass CPU kernels for SyncBatchNormalization, compiled against this TensorFlow.
-"$PY" -m hvdtrain.model.sync_bn_kernels 2>&1 | grep -v -e '^WARNING' -e 'oneDNN' -e 'cpu_feature' -e 'AVX' || true
+if ! "$PY" -c 'import os, sys; from hvdtrain.model import sync_bn_kernels as k
+sys.exit(not (os.path.exists(k.LIBRARY) and k._stamp_matches()))'; then
+  log "compiling hvdtrain's CPU kernels for SyncBatchNormalization"
+  "$PY" -m hvdtrain.model.sync_bn_kernels
+fi
 "$PY" -c 'from hvdtrain.model import sync_bn_kernels as k; assert k._library() is not None, "kernels failed to build"'
 
-log "ready: $VENV ($("$PY" -V), TensorFlow $TF_VERSION, tf-keras $TF_KERAS, horovod $HOROVOD_VERSION patched)"
+log "ready: $VENV ($("$PY" -V), TensorFlow $TF_VERSION, tf-keras $TF_KERAS, horovod $HOROVOD_VERSION patched); log: $LOG"

@@ -215,13 +215,30 @@ def test_a_last_global_batch_smaller_than_the_world_size_trains(tmp_path, norm):
 
 def test_default_job_one_epoch_on_fashion_mnist(tmp_path):
     """README's first command for one epoch: horovodrun over MPI (its default here), the default
-    model and data, every flag at its default. mpirun tags each chunk of a rank's output: every
-    line is written whole, so no tag lands after a line's text."""
-    result = hvdtrain(2, ["--epochs", "1", "--no-progress", "--log-dir", str(tmp_path)], launcher="horovodrun-mpi",
-                      timeout=600)
-    assert "<stdout>:epoch   1/1  train loss" in result.stdout
-    for stream in (result.stdout, result.stderr):
-        assert not re.search(r"\S\[\d+,\d+\]<std(out|err)>:", stream), stream[-3000:]
+    model and data, every flag at its default, TensorFlow's environment as a user's (oneDNN as it
+    sets it, no log level). The console, line by line: hvdtrain's lines from rank 0 and nothing
+    else (no TensorFlow banner, from the ranks or from the launcher's check of the build), ending
+    with the run folder and its files. mpirun tags each chunk of a rank's output: every line is
+    written whole, so no tag lands after a line's text."""
+    result = run_ranks(2, ["-m", "hvdtrain", "--epochs", "1", "--log-dir", str(tmp_path)], launcher="horovodrun-mpi",
+                       timeout=600, env={"TF_ENABLE_ONEDNN_OPTS": None, "TF_CPP_MIN_LOG_LEVEL": None})
+    expected = [
+        r"hvdtrain: world size 2 \(2 local rank\(s\) x 1 host\(s\)\), device /CPU:0, 1 thread\(s\) per rank",
+        r"data:  idx:/usr/share/datasets/fashion-mnist: 60,000 train / 10,000 test, 28x28x1, 10 classes; in memory",
+        r"batch: local 128 x 2 rank\(s\) = global 256; 235 steps per epoch \(last global batch 96\)",
+        r"lr:    base 0.05 x 2 = peak 0.1, linear warmup 1 epoch\(s\) \(235 steps\), then cosine; sgd \(momentum 0.9\)",
+        r"model: cnn \(synchronized BatchNorm\), 422,315 parameters, fp32",
+        r"task:  loss sparse_categorical_crossentropy; metrics accuracy \(exact: sums allreduced over ranks\)",
+        rf"run:   {tmp_path} \(checkpoints {tmp_path}/checkpoints\), epochs 1..1",
+        r"epoch   1/1  train loss 0\.\d{4} acc 0\.\d{4}  test loss 0\.\d{4} acc 0\.\d{4}  [\d,]+ img/s  [\d.]+ s  lr 0\.\d+",
+        rf"hvdtrain: done: {tmp_path} holds model.keras, metrics.jsonl, curves.png, checkpoints/, config.yaml, "
+        r"tensorboard/",
+    ]
+    lines = result.stdout.splitlines()
+    assert len(lines) == len(expected), result.stdout
+    for line, pattern in zip(lines, expected):
+        assert re.fullmatch(r"\[1,0\]<stdout>:" + pattern, line), (line, pattern)
+    assert result.stderr == "", result.stderr[-3000:]
     last = metrics(tmp_path)[-1]
     assert last["world_size"] == 2 and last["train_examples"] == 60000
     assert last["test_accuracy"] >= 0.85
