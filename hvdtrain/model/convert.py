@@ -13,7 +13,7 @@ from hvdtrain.model.moving_statistics import keras_batch_norms, sublayers
 from hvdtrain.model.sync_bn import layer_class
 
 # Keras arguments whose meaning SyncBatchNormalization does not implement, with their neutral values.
-_UNSUPPORTED = {"renorm": False, "virtual_batch_size": None, "adjustment": None}
+_UNSUPPORTED = {"renorm": False, "adjustment": None}
 
 
 def is_keras_batch_norm(layer) -> bool:
@@ -21,6 +21,13 @@ def is_keras_batch_norm(layer) -> bool:
     ``synchronized=True``, or ``experimental.SyncBatchNormalization``): under Horovod each
     normalizes its own rank's batch."""
     return isinstance(layer, keras_batch_norms())
+
+
+def is_converted(layer) -> bool:
+    """Whether :func:`convert_sync_batchnorm` replaces ``layer``: a Keras batch norm layer, except
+    one of virtual ("ghost") batches, groups of its rank's own examples, which it leaves as it is
+    (where they divide the local batch, each rank's are those of one process on the global batch)."""
+    return is_keras_batch_norm(layer) and getattr(layer, "virtual_batch_size", None) is None
 
 
 def keras_batch_norm_layers(model) -> list:
@@ -50,7 +57,8 @@ def convert_sync_batchnorm(model):
     never built has not chosen its kernel yet: its copy tracks the biased variance). A layer held
     in two places stays one layer.
     ``fused`` and Keras' own ``synchronized`` flag are dropped: Keras' synchronization needs a
-    ``tf.distribute`` strategy and does nothing under Horovod.
+    ``tf.distribute`` strategy and does nothing under Horovod. A layer with ``virtual_batch_size``
+    stays Keras' (:func:`is_converted`).
 
     Args:
         model: a Keras 2 model (``tf.keras`` after ``import hvdtrain``, or ``tf_keras``) or a Keras 3
@@ -62,8 +70,7 @@ def convert_sync_batchnorm(model):
 
     Raises:
         HvdtrainError: for anything but a Keras model; naming the layer, for a batch norm layer
-            with ``renorm``, ``virtual_batch_size`` or ``adjustment`` (which the synchronized layer
-            does not implement), or one that cannot be replaced (created inside ``call``, or held
+            with ``renorm`` or ``adjustment`` (which the synchronized layer does not implement), or one that cannot be replaced (created inside ``call``, or held
             somewhere other than an attribute, list or dict of a layer).
     """
     version = kerases.version_of(model)
@@ -72,7 +79,7 @@ def convert_sync_batchnorm(model):
         raise HvdtrainError(f"convert_sync_batchnorm takes a Keras model, got {type(model).__name__}")
     kerases.choose(version, model=model)  # one Keras throughout
     converted = _converted(model, {}, keras)
-    left = keras_batch_norm_layers(converted)
+    left = [layer for layer in keras_batch_norm_layers(converted) if is_converted(layer)]
     if left:
         raise HvdtrainError(f"convert_sync_batchnorm: cannot replace the batch norm layer {left[0].name!r} of "
                             f"{model.name!r}: it is not held in an attribute, list or dict of a layer (made inside "
@@ -85,8 +92,7 @@ def synchronized_copy(layer, keras: ModuleType):
     built, its weights.
 
     Raises:
-        HvdtrainError: naming the layer and the argument, for ``renorm``, ``virtual_batch_size``
-            or ``adjustment``.
+        HvdtrainError: naming the layer and the argument, for ``renorm`` or ``adjustment``.
     """
     config = layer.get_config()
     for argument, neutral in _UNSUPPORTED.items():
@@ -150,7 +156,7 @@ def _replacement(layer, memo: Dict[int, object], keras: ModuleType):
     itself (a custom layer holding batch norm layers converted in place)."""
     if id(layer) in memo:
         return memo[id(layer)]
-    if is_keras_batch_norm(layer):
+    if is_converted(layer):
         memo[id(layer)] = synchronized_copy(layer, keras)
     elif isinstance(layer, keras.Model):
         memo[id(layer)] = _converted(layer, memo, keras)

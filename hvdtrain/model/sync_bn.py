@@ -14,6 +14,7 @@ import tensorflow as tf
 
 from hvdtrain import kerases
 from hvdtrain.model import sync_bn_kernels as kernels
+from hvdtrain.model import sync_bn_statistics as statistics
 
 ACTIVATIONS = (None, "relu")  # what SyncBatchNormalization can fuse after the normalization
 
@@ -70,11 +71,16 @@ class SyncBatchNormalizationBase:
             rank's own batch (per-rank batch normalization, no collective call; the moving statistics
             then differ between ranks, and :func:`hvdtrain.model.moving_statistics.per_rank_moving_statistics` finds
             them). The name and meaning of Keras' ``BatchNormalization(synchronized=...)``.
-        fused: accepted for Keras' configs (``None``, True or False) and without effect: the
-            kernels are chosen as ``docs/sync_bn.md`` says ("Which kernels run"); results do not depend on them.
+        fused: accepted for Keras' configs (``None``, True or False); the kernels are chosen as
+            ``docs/sync_bn.md`` says ("Which kernels run") and results do not depend on them. The
+            attribute ``fused`` reads as Keras 2's does once built: False for a synchronized layer
+            (as Keras' ``synchronized=True``); otherwise whether TensorFlow's fused batch norm runs
+            (4-D inputs, channels on axis 1 or 3, not float64), unless ``fused=False``.
         renorm, renorm_clipping, renorm_momentum, virtual_batch_size, adjustment: Keras'
             arguments, accepted at their neutral values (``False``, any, any, ``None``, ``None``);
-            batch renormalization, virtual batches and adjustment are not implemented (ValueError).
+            batch renormalization and adjustment are not implemented (ValueError). Virtual
+            ("ghost") batches are groups of a rank's own examples, which need no synchronization:
+            the ValueError says to keep Keras' layer, which ``convert_sync_batchnorm`` leaves as it is.
         **kwargs: standard Keras layer arguments (``name``, ``dtype``, ``trainable``...).
 
     Call arguments:
@@ -83,7 +89,11 @@ class SyncBatchNormalizationBase:
             (this rank's, with ``synchronized=False``) and updates the moving statistics; False (or
             None) uses the moving statistics. A layer with ``trainable=False`` always runs in
             inference mode (Keras' fine-tuning convention).
-        mask: must be None (masks are refused, not ignored; see Raises).
+        mask: None, or a boolean mask of the input's shape without its channel axis (``(batch,
+            steps)`` for ``(batch, steps, C)``), as Keras hands on from ``Embedding(mask_zero=True)``:
+            masked positions are left out of the global sums and counts of the batch statistics,
+            as Keras' layer leaves them out of its batch's (:mod:`hvdtrain.model.sync_bn_statistics`);
+            every position is normalized.
 
     Input shape:
         Arbitrary, rank >= 2, with the ``axis`` dimensions known, e.g. ``(batch, C)``,
@@ -104,8 +114,8 @@ class SyncBatchNormalizationBase:
         ValueError: in the constructor for ``momentum`` outside [0, 1], ``epsilon <= 0``, a
             non-integer ``axis`` or an ``activation`` other than None and ``"relu"``; when built
             for an input whose rank is < 2, whose ``axis`` is out of range or repeated, or whose
-            channel dimensions are unknown; when called with a mask (Keras' ``BatchNormalization``
-            leaves masked positions out of its statistics; this layer does not support that).
+            channel dimensions are unknown; when called with a mask of another shape (or on a
+            layer of several channel axes); for ``renorm``, ``adjustment`` or ``virtual_batch_size``.
 
     """
 
@@ -126,11 +136,16 @@ class SyncBatchNormalizationBase:
         # does not implement (renorm_clipping and renorm_momentum mean nothing without renorm).
         if fused not in (None, True, False):
             raise ValueError(f"fused must be None, True or False, got {fused!r}")
-        for argument, value, neutral in (("renorm", renorm, False), ("virtual_batch_size", virtual_batch_size, None),
-                                         ("adjustment", adjustment, None)):
+        for argument, value, neutral in (("renorm", renorm, False), ("adjustment", adjustment, None)):
             if value is not neutral and value != neutral:
                 raise ValueError(f"SyncBatchNormalization does not implement {argument} (got {argument}={value!r}): "
                                  f"use Keras' BatchNormalization, which normalizes each rank's batch alone")
+        if virtual_batch_size is not None:
+            raise ValueError(f"SyncBatchNormalization takes no virtual_batch_size (got {virtual_batch_size!r}): "
+                             f"virtual batches are groups of a rank's own examples, which need no synchronization. "
+                             f"Keep Keras' BatchNormalization(virtual_batch_size=...) (convert_sync_batchnorm leaves "
+                             f"it as it is): where it divides the local batch, each rank's virtual batches are those "
+                             f"of one process on the global batch")
         axes = list(axis) if isinstance(axis, (list, tuple)) else [axis]
         if not axes or not all(isinstance(a, int) and not isinstance(a, bool) for a in axes):
             raise ValueError(f"axis must be an int or a non-empty list of ints, got {axis!r}")
@@ -156,6 +171,8 @@ class SyncBatchNormalizationBase:
         self.unbiased_moving_variance = bool(unbiased_moving_variance)
         self.activation = activation
         self.synchronized = bool(synchronized)
+        self.fused = False if self.synchronized else fused  # resolved in build, as Keras 2's
+        self.supports_masking = True
 
     def build(self, input_shape):
         input_shape = tf.TensorShape(input_shape)
@@ -179,6 +196,8 @@ class SyncBatchNormalizationBase:
         for d in param_shape:
             self._channels *= d
         self.input_spec = self._keras.layers.InputSpec(ndim=ndim, axes={a: input_shape[a] for a in self._axes})
+        if self.fused is not False:  # Keras 2's reading: whether its fused kernel runs
+            self.fused = (ndim, self._axes) in ((4, [1]), (4, [3]), (5, [1]), (5, [4])) and self.dtype != "float64"
 
         param_dtype = tf.float32 if self.dtype in ("float16", "bfloat16") else self.dtype
         # Weights stay float32 under a mixed policy; Keras 2's statistics aggregate as its own layer's.
@@ -233,22 +252,23 @@ class SyncBatchNormalizationBase:
 
     def _channel_sums(self, t):
         """Per-channel sums of ``t`` as a flat ``[C]`` vector (TensorFlow path)."""
-        return tf.reshape(tf.reduce_sum(t, self._reduction_axes), [self._channels])
+        return statistics.channel_sums(t, self._reduction_axes, self._channels)
 
-    def _use_kernels(self, dtype: tf.DType) -> bool:
-        """The CPU kernels take float32, channels-last inputs."""
-        return dtype == tf.float32 and self._axes == [len(self._broadcast_shape) - 1] and kernels.available()
+    def _use_kernels(self, dtype: tf.DType, weights=None) -> bool:
+        """The CPU kernels take float32, channels-last inputs, without a mask."""
+        return (dtype == tf.float32 and weights is None and self._axes == [len(self._broadcast_shape) - 1]
+                and kernels.available())
 
     def call(self, inputs, training=None, mask=None):
-        if mask is not None:  # Keras hands on the previous layer's mask (e.g. Embedding(mask_zero=True))
-            raise ValueError(f"{self.name}: masks are not supported (the masked positions would enter the "
-                             f"batch statistics); got a mask of shape {mask.shape}")
         if training is None or not self.trainable:
             training = False
         if inputs.dtype.is_floating and self.compute_dtype != self.variable_dtype:  # mixed_float16/bfloat16
             inputs = tf.cast(inputs, self.compute_dtype)  # as Keras: outputs in the compute dtype
+        # Keras hands on the previous layer's mask (Embedding(mask_zero=True)): the statistics leave it out.
+        weights = None if mask is None else statistics.mask_weights(
+            mask, inputs.shape, self._axes, self._compute_dtype_of(inputs), self.name)
         return tf.__internal__.smart_cond.smart_cond(
-            training, lambda: self._training_call(inputs), lambda: self._inference_call(inputs))
+            training, lambda: self._training_call(inputs, weights), lambda: self._inference_call(inputs))
 
     def _inference_call(self, inputs):
         dtype = self._compute_dtype_of(inputs)
@@ -271,47 +291,39 @@ class SyncBatchNormalizationBase:
         """The fused activation on the TensorFlow path."""
         return tf.nn.relu(z) if self._relu else z
 
-    def _local_shifted_sums(self, x, shift, count):
-        """This rank's per-channel ``Σ(x - shift)`` and ``Σ(x - shift)²``, float64 ``[C]`` each.
-
-        ``count`` is this rank's per-channel example count (float64 scalar).
-
-        Kernel path: one pass, float64 accumulation. TensorFlow path: two passes in ``x``'s dtype --
-        a first mean ``m``, then sums of ``d = x - m`` and ``d²`` (the sum of ``d`` corrects the first
-        mean's rounding; the squares carry no offset) -- re-expressed around ``shift`` in float64.
-        """
-        if self._use_kernels(x.dtype):
+    def _local_shifted_sums(self, x, shift, count, weights=None):
+        """This rank's per-channel ``Σ(x - shift)`` and ``Σ(x - shift)²`` over the positions the
+        mask's ``weights`` keep (all without), float64 ``[C]`` each; ``count`` is their number
+        (float64 scalar). Kernel path: one pass, float64 accumulation; TensorFlow path:
+        :func:`hvdtrain.model.sync_bn_statistics.local_shifted_sums`."""
+        if self._use_kernels(x.dtype, weights):
             return kernels.moments(x, shift)
-        first_mean = self._channel_sums(x) / tf.cast(tf.maximum(count, 1.0), x.dtype)
-        dev = x - self._per_element(first_mean)
-        dev_sum = tf.cast(self._channel_sums(dev), tf.float64)
-        dev_sq_sum = tf.cast(self._channel_sums(tf.square(dev)), tf.float64)
-        offset = tf.cast(first_mean, tf.float64) - shift
-        return dev_sum + count * offset, dev_sq_sum + 2.0 * offset * dev_sum + count * tf.square(offset)
+        return statistics.local_shifted_sums(x, shift, count, self._reduction_axes, self._broadcast_shape, weights)
 
-    def _local_count(self, x) -> tf.Tensor:
-        """This rank's examples per channel in ``x`` (float64 scalar)."""
-        return tf.cast(tf.size(x, out_type=tf.int64) // self._channels, tf.float64)
+    def _local_count(self, x, weights=None) -> tf.Tensor:
+        """This rank's positions per channel in ``x`` that the mask keeps (float64 scalar)."""
+        return statistics.local_count(x, self._channels, weights)
 
     @property
     def _collective(self) -> bool:
         """Whether training calls allreduce: synchronized, with more than one rank."""
         return self.synchronized and _world_size() > 1
 
-    def _global_moments(self, x, shift):
+    def _global_moments(self, x, shift, weights=None):
         """Global count, mean and biased variance over all ranks' batches: one float64 allreduce
         (or over this rank's batch, with no collective call, unless :attr:`_collective`).
 
         Args:
             x: local input in the compute dtype (float32 or float64).
             shift: float64 ``[C]``, identical on every rank.
+            weights: the mask's 0/1 weights (broadcasting against ``x``), or None.
 
         Returns:
             ``(count, mean, variance)``: a float64 scalar and two float64 ``[C]`` vectors; mean and
             variance are 0 when the global count is 0.
         """
-        local_count = self._local_count(x)
-        shifted_sum, shifted_sq_sum = self._local_shifted_sums(x, shift, local_count)
+        local_count = self._local_count(x, weights)
+        shifted_sum, shifted_sq_sum = self._local_shifted_sums(x, shift, local_count, weights)
         packed = tf.concat([[local_count], shifted_sum, shifted_sq_sum], 0)
         if self._collective:
             packed = _allreduce_sum(packed)  # the layer's one forward collective
@@ -341,18 +353,18 @@ class SyncBatchNormalizationBase:
         # variance of one example is 0; with none, the moving statistics are not updated).
         count = self._local_count(x)
         variance = tf.where(count > 1.0, tf.cast(variance, tf.float64) * (count - 1.0) / tf.maximum(count, 1.0), 0.0)
-        self._update_moving_statistics(count, tf.cast(mean, tf.float64), variance)
+        statistics.update_moving_statistics(self, count, tf.cast(mean, tf.float64), variance)
         return self._activate(y)
 
-    def _training_call(self, inputs):
+    def _training_call(self, inputs, weights=None):
         dtype = self._compute_dtype_of(inputs)
-        use_kernels = self._use_kernels(dtype)
-        if not use_kernels and self._use_fused_op(inputs):
+        use_kernels = self._use_kernels(dtype, weights)
+        if not use_kernels and weights is None and self._use_fused_op(inputs):
             return self._fused_training_call(inputs)
         x = tf.cast(inputs, dtype)
         shift = tf.stop_gradient(tf.reshape(tf.cast(self.moving_mean, tf.float64), [self._channels]))
-        count, mean, variance = self._global_moments(x, shift)
-        self._update_moving_statistics(count, mean, variance)
+        count, mean, variance = self._global_moments(x, shift, weights)
+        statistics.update_moving_statistics(self, count, mean, variance)
 
         # Float32 hi + lo split of the float64 mean: x - hi is exact when x is near the mean
         # (Sterbenz), so the normalized value keeps float32 precision even when |mean| >> std.
@@ -391,7 +403,8 @@ class SyncBatchNormalizationBase:
                 local = tf.concat([sum_dy, sum_dy_xhat], 0)
                 total = _allreduce_sum(local) if self._collective else local  # the one backward collective
                 total_dy, total_dy_xhat = tf.split(total, 2)
-                # dx = scale·(dy - Σdy/N - x̂·Σdy·x̂/N), folded into a·dy + b·(x - hi) + c.
+                # dx = scale·(dy - w·Σdy/N - w·x̂·Σdy·x̂/N), folded into scale·dy + w·(b·(x - hi) + c):
+                # the statistics depend on the positions the mask keeps (w = 1) alone.
                 scale64 = tf.cast(scale, tf.float64)
                 b64 = -scale64 * inv_std64 * total_dy_xhat * n_inv
                 c64 = -scale64 * total_dy * n_inv - b64 * tf.cast(mean_lo, tf.float64)
@@ -399,26 +412,14 @@ class SyncBatchNormalizationBase:
                 if use_kernels:
                     dx = kernels.grad_input(dy, x, mean_hi, scale, offset, b, c, relu=relu)
                 else:
-                    dx = per_element(scale) * dy + per_element(b) * (x - per_element(mean_hi)) + per_element(c)
+                    through_statistics = per_element(b) * (x - per_element(mean_hi)) + per_element(c)
+                    dx = per_element(scale) * dy + (through_statistics if weights is None else
+                                                    weights * through_statistics)
                 return dx, tf.cast(sum_dy_xhat, dtype), tf.cast(sum_dy, dtype)
 
             return y, grad
 
         return tf.cast(normalize(x, gamma, beta), self._output_dtype_of(inputs))
-
-    def _update_moving_statistics(self, count, mean, variance):
-        """Moving averages from the global batch statistics; unchanged when the global count is 0."""
-        has_data = count > 0
-        has_variance = has_data
-        if self.unbiased_moving_variance:  # n/(n-1): undefined for a single example, so no update then
-            variance = variance * tf.math.divide_no_nan(count, count - 1.0)
-            has_variance = count > 1
-        m = self.momentum
-        for var, batch_value, update in ((self.moving_mean, mean, has_data),
-                                         (self.moving_variance, variance, has_variance)):
-            batch_value = tf.reshape(batch_value, tf.shape(var))
-            updated = m * tf.cast(var, tf.float64) + (1.0 - m) * batch_value
-            var.assign(tf.cast(tf.where(update, updated, tf.cast(var, tf.float64)), var.dtype))
 
     def compute_output_shape(self, input_shape):
         return input_shape

@@ -88,6 +88,16 @@ def test_keras_applications_mobilenet_v2():
     assert len(converted.weights) == len(model.weights)
 
 
+def test_a_layer_of_virtual_batches_stays_keras():
+    """Virtual batches are groups of a rank's own examples: that layer stays Keras' (each rank's
+    virtual batches are one process's where they divide the local batch); the others convert."""
+    model = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.BatchNormalization(name="plain"),
+                                 tf.keras.layers.BatchNormalization(virtual_batch_size=2, name="ghost")])
+    converted = convert_sync_batchnorm(model)
+    assert [type(layer).__name__ for layer in converted.layers] == ["SyncBatchNormalization", "BatchNormalization"]
+    assert converted.layers[1].virtual_batch_size == 2
+
+
 def test_what_cannot_be_converted_is_named():
     model = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.BatchNormalization(renorm=True, name="rn")])
     with pytest.raises(HvdtrainError, match="the layer 'rn' uses renorm=True"):

@@ -15,7 +15,7 @@ import tensorflow as tf
 from hvdtrain import SyncBatchNormalization
 from hvdtrain.model import sync_bn_kernels
 from tests.helpers.ranks import REPO, rank_env, run_ranks
-from tests.workers.sync_bn_cases import case_data, cases
+from tests.workers.sync_bn_cases import case_data, case_mask, cases
 
 EPSILON, MOMENTUM = 1e-3, 0.9
 TOL = 1e-5  # max |ours - oracle| <= TOL * max |oracle|, per tensor
@@ -28,9 +28,10 @@ def tolerance(case: dict, key: str) -> float:
     return 2.0 ** -10 if case.get("dtype") == "float16" and key in ("y", "dx") else TOL
 
 
-def oracle(x, w, gamma, beta, axis, activation=None):
+def oracle(x, w, gamma, beta, axis, activation=None, mask=None):
     """Global-batch batch norm (then ReLU, for ``activation="relu"``) in float64: outputs, gradients,
-    updated moving statistics."""
+    updated moving statistics. With a ``mask`` (the input's shape without the channel axis), the
+    statistics are those of the positions it keeps (tf.nn.weighted_moments), as Keras' layer."""
     x = tf.constant(x, tf.float64)
     ndim = x.shape.rank
     axis = axis % ndim
@@ -40,7 +41,11 @@ def oracle(x, w, gamma, beta, axis, activation=None):
     b = tf.Variable(np.reshape(beta, bshape).astype(np.float64))
     with tf.GradientTape() as tape:
         tape.watch(x)
-        mean, var = tf.nn.moments(x, reduce_axes, keepdims=True)
+        if mask is None:
+            mean, var = tf.nn.moments(x, reduce_axes, keepdims=True)
+        else:
+            weights = tf.expand_dims(tf.constant(mask, tf.float64), axis)
+            mean, var = tf.nn.weighted_moments(x, reduce_axes, weights, keepdims=True)
         y = (x - mean) / tf.sqrt(var + EPSILON) * g + b
         if activation == "relu":
             y = tf.nn.relu(y)
@@ -87,7 +92,7 @@ def test_matches_global_batch_oracle(rank_results, name, key):
     world_size, results = rank_results
     case = cases(world_size)[name]
     x, w, gamma, beta = case_data(name, case)
-    expected = oracle(x, w, gamma, beta, case["axis"], case.get("activation"))[key]
+    expected = oracle(x, w, gamma, beta, case["axis"], case.get("activation"), case_mask(name, case))[key]
     got = gather(results, name, key)
     assert got.shape == expected.shape
     assert np.all(np.isfinite(got)), f"{name}/{key} at np={world_size}"
@@ -106,15 +111,18 @@ def test_per_rank_layer_matches_each_ranks_own_batch_oracle(rank_results, name, 
     case = cases(world_size)[name]
     fused = case.get("dtype") == "float16" and not bool(results[0]["kernels"])
     x, w, gamma, beta = case_data(name, case)
+    mask = case_mask(name, case)
     starts = np.cumsum([0] + case["sizes"])
     for rank, result in enumerate(results):
         got = result[f"per_rank/{name}/{key}"].ravel()
         sl = slice(starts[rank], starts[rank + 1])
-        if case["sizes"][rank] == 0:
-            initial = {"moving_mean": 0.0, "moving_variance": 1.0}
-            np.testing.assert_array_equal(got, np.full_like(got, initial.get(key, 0.0)), err_msg=f"{name}/{key}")
+        if case["sizes"][rank] == 0 or (mask is not None and not mask[sl].any()):  # nothing counts: as before
+            if key in ("moving_mean", "moving_variance"):
+                initial = {"moving_mean": 0.0, "moving_variance": 1.0}[key]
+                np.testing.assert_array_equal(got, np.full_like(got, initial), err_msg=f"{name}/{key}")
             continue
-        expected = oracle(x[sl], w[sl], gamma, beta, case["axis"], case.get("activation"))[key].ravel()
+        expected = oracle(x[sl], w[sl], gamma, beta, case["axis"], case.get("activation"),
+                          None if mask is None else mask[sl])[key].ravel()
         tol = max(tolerance(case, key), 1e-3) if fused else tolerance(case, key)
         assert max_rel_error(got, expected) <= tol, f"{name}/{key} of rank {rank} at np={world_size}"
 
@@ -211,13 +219,11 @@ def test_float64_inputs_are_computed_in_float64(shape, axis):
         np.testing.assert_allclose(ours.numpy(), oracle, rtol=1e-10, atol=1e-10 * np.abs(oracle).max())
 
 
-def test_a_mask_is_refused_not_ignored():
-    """Keras hands on an Embedding's mask; the layer says it cannot honour it instead of letting the
-    padded positions into the statistics (and dropping the mask) as a layer without masking does."""
-    padded = tf.keras.layers.Embedding(10, 4, mask_zero=True)(tf.constant([[1, 2, 0, 0]]))
-    with pytest.raises(ValueError, match=r"masks are not supported \(the masked positions would enter the batch "
-                                         r"statistics\); got a mask of shape \(1, 4\)"):
-        SyncBatchNormalization()(padded, training=True)
+def test_a_mask_of_another_shape_is_a_value_error_naming_both_shapes():
+    layer = SyncBatchNormalization()
+    with pytest.raises(ValueError, match=r"a mask must have the input's shape without its one channel axis \(Keras' "
+                                         r"convention\); got a mask of shape \(2, 3, 4\) for input shape \(2, 3, 4\)"):
+        layer(tf.ones((2, 3, 4)), training=True, mask=tf.ones((2, 3, 4), tf.bool))
 
 
 def test_mixed_precision_policy():

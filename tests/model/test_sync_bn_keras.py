@@ -1,7 +1,7 @@
 """SyncBatchNormalization as a drop-in for Keras' BatchNormalization: what tf-keras's own
 ``tf_keras/layers/normalization/batch_normalization_test.py`` checks, run against hvdtrain's layer
-(one process: world size 1, no collective). Its deliberate differences (masks, TF1 graph mode,
-renorm, virtual batches, adjustment, Bessel's correction by default) are in the layer's docstring;
+(one process: world size 1, no collective). Its deliberate differences (TF1 graph mode, renorm,
+virtual batches, adjustment, Bessel's correction by default) are in the layer's docstring;
 the tests that pin them are marked "deliberate"."""
 import numpy as np
 import pytest
@@ -203,11 +203,14 @@ def test_fused_is_accepted_and_changes_nothing():
         Layer(fused="yes")
 
 
-@pytest.mark.parametrize("kwargs, name", [(dict(renorm=True), "renorm"), (dict(virtual_batch_size=2), "virtual_batch_size"),
-                                          (dict(adjustment=lambda shape: (1.0, 0.0)), "adjustment")])
-def test_unimplemented_arguments_are_a_clear_value_error(kwargs, name):
-    """Deliberate: batch renormalization, virtual batches and adjustment are not implemented."""
-    with pytest.raises(ValueError, match=f"does not implement {name}"):
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(renorm=True), "does not implement renorm"), (dict(adjustment=lambda shape: (1.0, 0.0)), "does not implement adjustment"),
+    (dict(virtual_batch_size=2), r"takes no virtual_batch_size \(got 2\): virtual batches are groups of a rank's own "
+                                 r"examples, which need no synchronization. Keep Keras' BatchNormalization")])
+def test_unimplemented_arguments_are_a_clear_value_error(kwargs, message):
+    """Deliberate: batch renormalization and adjustment are not implemented; virtual batches are
+    Keras' layer's (convert_sync_batchnorm leaves it)."""
+    with pytest.raises(ValueError, match=message):
         Layer(**kwargs)
     Layer(renorm=False, renorm_clipping=None, renorm_momentum=0.99, virtual_batch_size=None, adjustment=None)
 
@@ -236,8 +239,37 @@ def test_empty_batch_keeps_moving_statistics_and_gives_zero_gradients():
     np.testing.assert_array_equal(layer.moving_variance.numpy(), 1.0)
 
 
-def test_masks_are_refused():
-    """Deliberate: Keras leaves masked positions out of its statistics; this layer refuses a mask."""
-    inputs = tf.keras.Input((4, 2))
-    with pytest.raises(ValueError, match="masks are not supported"):
-        Layer()(tf.keras.layers.Masking()(inputs))
+def test_masked_positions_are_left_out_of_the_statistics_as_keras_does():
+    """Keras 2's masked batch norm (tf.nn.weighted_moments over the kept positions): Masking ->
+    batch norm -> GlobalAveragePooling1D (which reads the mask the layer hands on), the same
+    outputs, gradients and moving statistics."""
+    x = np.random.default_rng(3).normal(loc=2.0, scale=3.0, size=(4, 6, 3)).astype("float32")
+    x[0, 4:], x[1, 1:3], x[3, 5:] = 0.0, 0.0, 0.0  # masked by Masking(0.0)
+    w = np.random.default_rng(4).normal(size=(4, 3)).astype("float32")
+    results = []
+    for bn in (Layer(momentum=0.5), tf.keras.layers.BatchNormalization(momentum=0.5)):
+        inputs = tf.keras.Input((6, 3))
+        model = tf.keras.Model(inputs, tf.keras.layers.GlobalAveragePooling1D()(bn(tf.keras.layers.Masking(0.0)(inputs))))
+        bn.gamma.assign([1.5, -0.5, 2.0])
+        bn.beta.assign([0.1, 0.2, -0.3])
+        with tf.GradientTape() as tape:
+            y = model(x, training=True)
+            loss = tf.reduce_sum(y * w)
+        results.append([t.numpy() for t in (y, *tape.gradient(loss, [bn.gamma, bn.beta]), bn.moving_mean,
+                                            bn.moving_variance)])
+    for ours, theirs, name in zip(*results, ["y", "dgamma", "dbeta", "moving_mean", "moving_variance"]):
+        np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+@pytest.mark.parametrize("kwargs, shape", [(dict(), (2, 3, 3, 4)), (dict(synchronized=False), (2, 3, 3, 4)),
+                                           (dict(synchronized=False), (2, 4)),
+                                           (dict(synchronized=False, fused=False), (2, 3, 3, 4)),
+                                           (dict(synchronized=False, axis=1), (2, 4, 3, 3))])
+def test_fused_reads_as_keras_does(kwargs, shape):
+    """Keras 2 code reads ``layer.fused``: False for a synchronized layer (as Keras' own with
+    synchronized=True), else whether its fused kernel runs (4-D, channels on axis 1 or 3)."""
+    ours, theirs = Layer(**kwargs), tf.keras.layers.BatchNormalization(**{"synchronized": True, **kwargs})
+    assert ours.fused == theirs.fused
+    ours.build(shape)
+    theirs.build(shape)
+    assert ours.fused is theirs.fused, (kwargs, shape)

@@ -2,7 +2,7 @@
 3's own ``keras/src/layers/normalization/batch_normalization_test.py`` checks, run against
 hvdtrain's layer (one process: world size 1, no collective), plus the same outputs and moving
 statistics as Keras 3's layer, its ``.keras`` round trip, mixed precision, and converting Keras 3
-models. Deliberate differences (masks and renorm refused) are marked "deliberate"."""
+models. Deliberate differences (renorm refused) are marked "deliberate"."""
 import numpy as np
 import pytest
 
@@ -54,7 +54,7 @@ def test_bn_basics(keras, Layer, kwargs, input_shape, trainable, losses):
 @pytest.mark.parametrize("moving_variance_initializer", ["zeros", "ones"])
 def test_correctness(keras, Layer, axis, input_shape, moving_mean_initializer, moving_variance_initializer):
     """Keras 3's test_correctness: normalized outputs, momentum-0 moving statistics, inference
-    against training; the masked half is deliberate (masks are refused: test_masks_are_refused)."""
+    against training; the masked half is test_masked_positions_are_left_out_of_the_statistics_as_keras_does."""
     layer = Layer(axis=axis, momentum=0, moving_mean_initializer=moving_mean_initializer,
                   moving_variance_initializer=moving_variance_initializer)
     x = np.random.default_rng(1).normal(loc=5.0, scale=10.0, size=input_shape).astype("float32")
@@ -159,12 +159,38 @@ def test_serialization_and_keras_file_round_trip(keras, Layer, tmp_path):
     np.testing.assert_array_equal(np.asarray(loaded(x)), np.asarray(model(x)))
 
 
-def test_masks_are_refused(keras, Layer):
-    """Deliberate: Keras 3 leaves masked positions out of the statistics; this layer refuses masks."""
-    x = np.ones((2, 4, 2), "float32")
-    x[:, 1] = 0.0
-    with pytest.raises(ValueError, match="masks are not supported"):
-        Layer()(keras.layers.Masking()(x), training=True)
+def test_masked_positions_are_left_out_of_the_statistics_as_keras_does(keras, Layer):
+    """Keras 3's masked test_correctness, against Keras 3's layer: Masking -> batch norm ->
+    GlobalAveragePooling1D (which reads the mask the layer hands on), the same outputs, gradients
+    and moving statistics (Keras adds 1e-7 to its count: 1e-8 of it here)."""
+    import tensorflow as tf
+
+    x = np.random.default_rng(3).normal(loc=2.0, scale=3.0, size=(4, 6, 3)).astype("float32")
+    x[0, 4:], x[1, 1:3], x[3, 5:] = 0.0, 0.0, 0.0  # masked by Masking(0.0)
+    w = np.random.default_rng(4).normal(size=(4, 3)).astype("float32")
+    results = []
+    for bn in (Layer(momentum=0.5), keras.layers.BatchNormalization(momentum=0.5)):
+        inputs = keras.Input((6, 3))
+        model = keras.Model(inputs, keras.layers.GlobalAveragePooling1D()(bn(keras.layers.Masking(0.0)(inputs))))
+        bn.gamma.assign([1.5, -0.5, 2.0])
+        bn.beta.assign([0.1, 0.2, -0.3])
+        with tf.GradientTape() as tape:
+            y = model(x, training=True)
+            loss = tf.reduce_sum(y * w)
+        results.append([np.asarray(t) for t in (y, *tape.gradient(loss, [bn.gamma, bn.beta]), bn.moving_mean,
+                                                bn.moving_variance)])
+    for ours, theirs, name in zip(*results, ["y", "dgamma", "dbeta", "moving_mean", "moving_variance"]):
+        np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-6, err_msg=name)
+    unmasked = Layer(momentum=0.5)
+    unmasked(x, training=True)
+    assert not np.allclose(np.asarray(unmasked.moving_mean), results[0][3], atol=1e-2), "the mask changed nothing"
+
+
+def test_virtual_batches_name_keras_layer_as_the_alternative(Layer):
+    with pytest.raises(ValueError, match=r"takes no virtual_batch_size \(got 4\): virtual batches are groups of a "
+                                         r"rank's own examples, which need no synchronization. Keep Keras' "
+                                         r"BatchNormalization\(virtual_batch_size=...\)"):
+        Layer(virtual_batch_size=4)
 
 
 def test_renorm_is_refused(Layer):

@@ -2,7 +2,7 @@
 
 Usage: python -m tests.workers.sync_bn_cases OUT_DIR
 Writes OUT_DIR/rank<r>.npz with ``<case>/<key>`` arrays: y, dx, dgamma, dbeta, moving_mean,
-moving_variance (ours); the same as ``per_rank/<case>/<key>`` from the layer with
+moving_variance (ours; a masked case's mask is :func:`case_mask`'s); the same as ``per_rank/<case>/<key>`` from the layer with
 ``synchronized=False``; ``<case>/hvd_y`` (Horovod's layer, uneven case only); and ``kernels``
 (whether this rank ran hvdtrain's CPU kernels or TensorFlow's ops).
 """
@@ -30,10 +30,30 @@ def cases(world_size: int) -> dict:
         "relu_channels_first": dict(shape=(4, 3, 3), axis=1, sizes=[3] * r, loc=1.0, scale=1.0, activation="relu"),
         # Mixed precision: float16 input whose E[x^2] (1e6) is past float16's range (65504).
         "float16_offset_1e3": dict(shape=(3, 3, 4), axis=-1, sizes=uneven, loc=1e3, scale=1.0, dtype="float16"),
+        # Masks (Keras': the input's shape without the channel axis): about half the positions
+        # kept; in "masked_rank0_all_masked" none of rank 0's, so its examples count nowhere.
+        "masked_sequence": dict(shape=(6, 3), axis=-1, sizes=uneven, loc=2.0, scale=1.5, mask=0.5),
+        "masked_nhwc_relu": dict(shape=(3, 3, 4), axis=-1, sizes=[4] * r, loc=0.5, scale=2.0, mask=0.6,
+                                 activation="relu"),
+        "masked_rank0_all_masked": dict(shape=(5, 2), axis=-1, sizes=uneven, loc=-3.0, scale=0.5, mask=0.5,
+                                        masked_ranks=(0,)),
     }
 
 # Run as a compiled tf.function (as in training); the other cases run eagerly.
-GRAPH_CASES = ("equal_nhwc", "relu_uneven")
+GRAPH_CASES = ("equal_nhwc", "relu_uneven", "masked_sequence")
+
+
+def case_mask(name: str, case: dict):
+    """The global boolean mask of a masked case (shape: the input's without its channel axis), or None."""
+    if "mask" not in case:
+        return None
+    rng = np.random.default_rng(sum(map(ord, name)) + 1)
+    n = sum(case["sizes"])
+    mask = rng.uniform(size=(n, *case["shape"][:-1])) < case["mask"]
+    starts = np.cumsum([0] + case["sizes"])
+    for rank in case.get("masked_ranks", ()):
+        mask[starts[rank]:starts[rank + 1]] = False
+    return mask
 
 
 def case_data(name: str, case: dict):
@@ -67,6 +87,8 @@ def main(out_dir: str) -> None:
         sl = slice(start, start + case["sizes"][ctx.rank])
         dtype = case.get("dtype", "float32")
         x_local, w_local = tf.constant(x[sl], dtype), tf.constant(w[sl], dtype)
+        mask = case_mask(name, case)
+        mask_local = None if mask is None else tf.constant(mask[sl])
         for prefix, synchronized in (("", True), ("per_rank/", False)):
             layer = SyncBatchNormalization(axis=case["axis"], momentum=0.9, epsilon=1e-3,
                                            activation=case.get("activation"), synchronized=synchronized)
@@ -77,7 +99,7 @@ def main(out_dir: str) -> None:
             def forward_backward(x_in, layer=layer):
                 with tf.GradientTape() as tape:
                     tape.watch(x_in)
-                    y = layer(x_in, training=True)
+                    y = layer(x_in, training=True, mask=mask_local)
                     loss = tf.reduce_sum(y * w_local)
                 return (y, *tape.gradient(loss, [x_in, layer.gamma, layer.beta]))
 
