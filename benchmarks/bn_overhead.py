@@ -47,7 +47,7 @@ def main():
 
     ctx = init_distributed(threads=a.threads)
     import tensorflow as tf
-    from hvdtrain import SyncBatchNormalization
+    from hvdtrain.keras2 import SyncBatchNormalization
     from hvdtrain.data.in_memory import make_synthetic
     from hvdtrain.model.zoo import norm_factory, resnet20, seed_cnn, unfused_norm
 

@@ -3,7 +3,7 @@
     horovodrun -np 2 python examples/custom_task.py
 
 Each image gets 3 yes/no tags (footwear? a top? a bag?): sigmoid outputs with binary
-cross-entropy. The model function uses hvdtrain.SyncBatchNormalization; the custom metric is any
+cross-entropy. The model function uses hvdtrain.keras2.SyncBatchNormalization (tf.keras is Keras 2 here); the custom metric is any
 function of labels and outputs giving one value per example, averaged exactly over all ranks.
 """
 import argparse
@@ -32,7 +32,7 @@ def small_cnn(input_shape, num_classes):
     """Called by hvdtrain with the data's image shape and K = 3 outputs (the tags' last axis)."""
     inputs = tf.keras.Input(input_shape)
     x = tf.keras.layers.Conv2D(16, 3, padding="same", use_bias=False)(inputs)
-    x = hvdtrain.SyncBatchNormalization(activation="relu")(x)  # statistics of the global batch
+    x = hvdtrain.keras2.SyncBatchNormalization(activation="relu")(x)  # statistics of the global batch
     x = tf.keras.layers.MaxPool2D()(x)
     x = tf.keras.layers.Flatten()(x)
     return tf.keras.Model(inputs, tf.keras.layers.Dense(num_classes)(x))

@@ -33,8 +33,8 @@ _LAZY = {"fit": "hvdtrain.api", "FitResult": "hvdtrain.api", "Config": "hvdtrain
 
 
 def __getattr__(name):
-    if name == "keras3":  # Keras 3's layers and schedule (imports Keras 3)
-        return importlib.import_module("hvdtrain.keras3")
+    if name in ("keras2", "keras3"):  # each Keras's layers and schedule (imports that Keras)
+        return importlib.import_module(f"hvdtrain.{name}")
     if name in _LAZY:
         return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'hvdtrain' has no attribute {name!r}")

@@ -66,7 +66,7 @@ def fit(model_fn: Union[str, Callable], data=None, *, loss=None, metrics: Option
             built-in model's name (``cnn``, ``resnet20``, ``unet``) or a function called as
             ``model_fn(input_shape=(H, W, C), num_classes=K)`` returning an uncompiled Keras model,
             Keras 2 (``tf.keras``, ``tf_keras``) or Keras 3 (``import keras``; use
-            ``hvdtrain.SyncBatchNormalization``, resp. ``hvdtrain.keras3.SyncBatchNormalization``,
+            ``hvdtrain.keras2.SyncBatchNormalization``, resp. ``hvdtrain.keras3.SyncBatchNormalization``,
             or ``convert_sync_bn=True`` for synchronized batch statistics); its outputs must fit
             the labels (checked first). The model's Keras is the run's: the optimizer, a Keras
             loss and Keras callbacks must be of the same one.

@@ -1,7 +1,7 @@
 """hvdtrain's Keras layers and schedule for Keras 3 models (``import keras``, TensorFlow backend).
 
-The same algorithms as their Keras 2 counterparts (``hvdtrain.SyncBatchNormalization``...), as
-Keras 3 classes, registered with Keras 3's serialization (``keras.saving``) as
+The same algorithms as their Keras 2 counterparts (:mod:`hvdtrain.keras2`), as Keras 3 classes
+(``hvdtrain.SyncBatchNormalization`` is this one where Keras 3 is installed), registered with Keras 3's serialization (``keras.saving``) as
 ``hvdtrain>SyncBatchNormalization``, ``hvdtrain>SeededDropout`` and ``hvdtrain>WarmupSchedule``::
 
     import keras

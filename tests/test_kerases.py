@@ -86,3 +86,17 @@ def test_tf_keras_used_before_importing_hvdtrain_trains_keras_3():
                    "print(type(result.model).__module__, sorted(result.metrics)[:2])")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.splitlines()[-1].startswith("keras.src."), proc.stdout
+
+
+def test_each_kerass_layer_by_a_clear_name_and_the_default_kerass_at_the_top():
+    """hvdtrain.keras2 and hvdtrain.keras3 hold the layer of each Keras; hvdtrain.SyncBatchNormalization
+    is the layer of TensorFlow's default Keras (Keras 3 where it is installed)."""
+    import hvdtrain
+    from hvdtrain import kerases
+
+    assert kerases.version_of(hvdtrain.keras2.SyncBatchNormalization) == 2
+    assert kerases.version_of(hvdtrain.keras2.SeededDropout) == kerases.version_of(hvdtrain.keras2.WarmupSchedule) == 2
+    default = hvdtrain.keras3 if kerases.keras3_installed() else hvdtrain.keras2
+    assert hvdtrain.SyncBatchNormalization is default.SyncBatchNormalization
+    if kerases.keras3_installed():
+        assert kerases.version_of(hvdtrain.keras3.SyncBatchNormalization) == 3

@@ -106,7 +106,7 @@ def test_per_rank_moving_statistics_are_those_of_every_built_keras_batch_norm():
     (identical on every rank already) nor of a layer never called."""
     import tensorflow as tf
 
-    from hvdtrain import SyncBatchNormalization
+    from hvdtrain.keras2 import SyncBatchNormalization
     from hvdtrain.model.moving_statistics import per_rank_moving_statistics
 
     inner = tf.keras.Sequential([tf.keras.layers.BatchNormalization(renorm=True, name="renorm")], name="inner")

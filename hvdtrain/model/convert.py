@@ -37,7 +37,7 @@ def keras_batch_norm_layers(model) -> list:
 
 def convert_sync_batchnorm(model):
     """``model`` with every Keras batch norm layer replaced by hvdtrain's synchronized layer of the
-    same Keras (``hvdtrain.SyncBatchNormalization``, ``hvdtrain.keras3.SyncBatchNormalization``)
+    same Keras (``hvdtrain.keras2.SyncBatchNormalization``, ``hvdtrain.keras3.SyncBatchNormalization``)
     and the same configuration and weights: what PyTorch's ``SyncBatchNorm.convert_sync_batchnorm``
     does for ``torch.nn.BatchNorm*d``.
 

@@ -443,6 +443,6 @@ def layer_class(keras: ModuleType) -> type:
 
 
 def __getattr__(name):
-    if name == "SyncBatchNormalization":  # Keras 2's, as hvdtrain.SyncBatchNormalization
-        return layer_class(kerases.keras2())
+    if name == "SyncBatchNormalization":  # TensorFlow's default Keras's, as hvdtrain.SyncBatchNormalization
+        return layer_class(kerases.module(kerases.default_version()))
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -5,7 +5,7 @@ import time
 
 import tensorflow as tf
 
-from hvdtrain import SyncBatchNormalization
+from hvdtrain.keras2 import SyncBatchNormalization
 from hvdtrain.model.zoo import SeededDropout, seed_cnn
 
 

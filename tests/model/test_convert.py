@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from hvdtrain import SyncBatchNormalization, convert_sync_batchnorm
+from hvdtrain import convert_sync_batchnorm
+from hvdtrain.keras2 import SyncBatchNormalization
 from hvdtrain.errors import HvdtrainError
 from hvdtrain.model.convert import keras_batch_norm_layers
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from hvdtrain import SyncBatchNormalization
+from hvdtrain.keras2 import SyncBatchNormalization
 from hvdtrain.model import sync_bn_kernels
 from tests.helpers.ranks import REPO, rank_env, run_ranks
 from tests.workers.sync_bn_cases import case_data, case_mask, cases

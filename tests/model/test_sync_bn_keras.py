@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from hvdtrain import SyncBatchNormalization
+from hvdtrain.keras2 import SyncBatchNormalization
 
 Layer = SyncBatchNormalization
 

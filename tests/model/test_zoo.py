@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from hvdtrain import SyncBatchNormalization
+from hvdtrain.keras2 import SyncBatchNormalization
 from hvdtrain.model.sync_bn import SyncBatchNormalizationBase
 from hvdtrain.config import ModelConfig
 from hvdtrain.errors import HvdtrainError

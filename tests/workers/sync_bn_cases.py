@@ -77,7 +77,7 @@ def main(out_dir: str) -> None:
     ctx = init_distributed(threads=1)
     import tensorflow as tf
     import horovod.tensorflow as hvd
-    from hvdtrain import SyncBatchNormalization
+    from hvdtrain.keras2 import SyncBatchNormalization
     from hvdtrain.model import sync_bn_kernels
 
     results = {}
