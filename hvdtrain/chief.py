@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import numpy as np
+import tensorflow as tf
 
 from typing import List, Optional
 
@@ -58,6 +59,15 @@ def parameter_count(model) -> int:
         return int(sum(np.prod(v.shape) for v in model.weights))
 
 
+def _precision_of(model, config: Config) -> str:
+    """``--precision``, or ``fp64`` for a model whose trainable variables are all float64 (built
+    so by the user's ``keras.config.set_floatx("float64")``, say)."""
+    variables = model.trainable_variables
+    if variables and all(tf.as_dtype(v.dtype) == tf.float64 for v in variables):
+        return "fp64"
+    return config.compute.precision
+
+
 def banner(ctx: DistContext, config: Config, dataset, plan: ShardPlan, schedule, model,
            run_dir: str, ckpt_dir: str, start: TrainPosition, objective=None, model_name: Optional[str] = None,
            own_step=None) -> str:
@@ -98,7 +108,7 @@ def banner(ctx: DistContext, config: Config, dataset, plan: ShardPlan, schedule,
          f"{config.optim.warmup_epochs:g} epoch(s) ({schedule.warmup_steps} steps), then {config.optim.lr_schedule}; "
          f"{optimizer_summary(config.optim)}" if schedule is not None else
          "lr:    the optimizer's own learning rate or schedule (not scaled by world size)"),
-        f"model: {model_name} ({norm}), {parameter_count(model):,} parameters, {config.compute.precision}"
+        f"model: {model_name} ({norm}), {parameter_count(model):,} parameters, {_precision_of(model, config)}"
         + (" (dynamic loss scaling)" if config.compute.precision == "fp16" else "")
         + (", forward and backward pass compiled by XLA" if config.compute.xla else ""),
         *(own_step.banner_lines() if own_step is not None else [

@@ -23,10 +23,15 @@ from hvdtrain import kerases
 POLICIES = {"fp32": "float32", "bf16": "mixed_bfloat16", "fp16": "mixed_float16", "fp64": "float64"}
 
 
+_FLOATX_BEFORE_FP64 = {}  # Keras version -> its floatx before fp64 set it (restored by the next precision)
+
+
 def set_precision(precision: str) -> None:
     """Set the global dtype policy of each Keras (2 and 3) for the layers built from now on: a
     model function's Keras is known only once it has built the model. ``fp64`` also sets Keras'
-    ``floatx`` (what initializers and backend helpers default to) to float64; the others to float32.
+    ``floatx`` (what initializers and backend helpers default to) to float64, until another
+    precision restores it. ``fp32`` is Keras' policy of its ``floatx``: the user's own
+    ``keras.config.set_floatx("float64")`` stays in force.
 
     Args:
         precision: ``fp32``, ``bf16``, ``fp16`` or ``fp64`` (:data:`hvdtrain.config.PRECISIONS`).
@@ -42,8 +47,12 @@ def set_precision(precision: str) -> None:
             continue  # float32 is the default of a Keras not imported yet: importing it would cost a second
         try:
             keras = kerases.module(version)
-            keras.mixed_precision.set_global_policy(policy)
-            keras.backend.set_floatx("float64" if precision == "fp64" else "float32")
+            if precision == "fp64":
+                _FLOATX_BEFORE_FP64.setdefault(version, keras.backend.floatx())
+                keras.backend.set_floatx("float64")
+            elif version in _FLOATX_BEFORE_FP64:
+                keras.backend.set_floatx(_FLOATX_BEFORE_FP64.pop(version))
+            keras.mixed_precision.set_global_policy(keras.backend.floatx() if precision == "fp32" else policy)
         except Exception:  # noqa: BLE001 -- a Keras not installed, or Keras 3 on another backend: not used here
             continue
 

@@ -232,3 +232,16 @@ def test_horovods_distributed_optimizer_averages_keras_3_gradients(tmp_path):
     assert int(r0["apply_gradients/iterations"]) == 4 and int(r0["backward_passes_2/iterations"]) == 4
     kernels, bias = ["local_bias/0", "local_bias/1", "local_bias/2"], "local_bias/3"
     assert all(np.array_equal(r0[k], r1[k]) for k in kernels) and not np.array_equal(r0[bias], r1[bias])
+
+
+def test_a_users_float64_keras_3_script_at_two_ranks_equals_one_process(tmp_path):
+    """The user's keras.config.set_floatx("float64") holds through hvdtrain.fit (its model is
+    float64, and so its gradients and allreduce): a converted Keras 3 CNN with the user's SGD with
+    momentum, np=2 x 32 against one process x 64 over 32 steps, to the float64 tolerance."""
+    run_ranks(2, ["-m", "tests.workers.floatx_fit", "float64", "32", str(tmp_path / "np2")], timeout=300)
+    done = run_ranks(1, ["-m", "tests.workers.floatx_fit", "float64", "64", str(tmp_path / "np1")],
+                     launcher="single", timeout=300)
+    assert "parameters, fp64" in done.stdout
+    ranks, alone = (dict(np.load(tmp_path / run / "weights.npz")) for run in ("np2", "np1"))
+    assert all(w.dtype == np.float64 for w in alone.values())
+    assert_same_weights(ranks, alone)
