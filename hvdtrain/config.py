@@ -404,6 +404,9 @@ class Config:
             raise HvdtrainError(f"--optimizer {self.optim.name} cannot be combined with --backward-passes-per-step "
                                 f"{passes}: Horovod counts every pass in the optimizer's iterations, which Adam's bias "
                                 f"correction reads as updates; use a larger --batch-size instead")
+        if self.compute.precision == "fp64" and self.optim.fp16_allreduce:
+            raise HvdtrainError("--precision fp64 cannot be combined with --fp16-allreduce: a float64 reference "
+                                "whose gradients are rounded to float16 is none")
         if self.compute.precision == "fp16" and passes > 1:
             raise HvdtrainError(f"--precision fp16 cannot be combined with --backward-passes-per-step {passes}: a "
                                 f"pass whose gradients overflow would spoil the whole accumulated update; use "

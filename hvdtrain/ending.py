@@ -77,6 +77,9 @@ def run_scope(config: Config, watchdog: Watchdog, keep_horovod: bool = False) ->
         defer_stop_signals()
         watchdog.close()
         cbs.close_all(scope.callbacks)
+        precision = sys.modules.get("hvdtrain.precision")  # imported once the model was built
+        if precision is not None:
+            precision.restore_floatx()
         if scope.own_step is not None:  # the model's optimizers update by themselves again
             scope.own_step.exchange.restore()
         # Horovod's shutdown waits for every rank: not where this rank leaves at once.

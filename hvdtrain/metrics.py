@@ -78,7 +78,7 @@ class TopKAccuracy(_Fraction):
         self.name, self.k = f"top{k}", k
 
     def sums(self, labels, outputs):
-        logits = tf.reshape(outputs, [-1, tf.shape(outputs)[-1]])
+        logits = tf.cast(tf.reshape(outputs, [-1, tf.shape(outputs)[-1]]), tf.float32)  # in_top_k's one dtype
         correct = tf.math.in_top_k(tf.reshape(tf.cast(labels, tf.int32), [-1]), logits, self.k)
         return tf.stack([tf.reduce_sum(tf.cast(correct, tf.float64)), _count(correct)])
 

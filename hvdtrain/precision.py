@@ -57,6 +57,15 @@ def set_precision(precision: str) -> None:
             continue
 
 
+def restore_floatx() -> None:
+    """Give each Keras back the ``floatx`` it had before ``fp64`` set it (at a run's end: the
+    user's code after ``hvdtrain.fit`` builds its models as before)."""
+    for version, floatx in list(_FLOATX_BEFORE_FP64.items()):
+        keras = kerases.module(version)
+        keras.backend.set_floatx(_FLOATX_BEFORE_FP64.pop(version))
+        keras.mixed_precision.set_global_policy(floatx)
+
+
 class DynamicLossScale:
     """A loss scale that halves when the gradients overflow and doubles after a run of finite steps.
 
@@ -124,9 +133,10 @@ def not_float64(model) -> Optional[str]:
     """
     from hvdtrain.model.moving_statistics import sublayers
 
-    layers = [*sublayers(model), model]
+    # An input's declared dtype is not a computation: the next layer casts it to its own.
+    layers = [layer for layer in [*sublayers(model), model] if type(layer).__name__ != "InputLayer"]
     for layer in layers:
-        compute = getattr(layer, "compute_dtype", None)  # an input layer's may be an integer type
+        compute = getattr(layer, "compute_dtype", None)
         if compute is not None and tf.as_dtype(compute).is_floating and compute != "float64":
             return f"layer {layer.name!r} ({type(layer).__name__}) computes in {compute}"
     # Layers holding no others first: a model's weights are its layers'.

@@ -89,7 +89,7 @@ def make_train_step(model, optimizer, world_size: int, inputs: StepInputs,
     """Build this rank's compiled training step.
 
     Args:
-        model: the Keras model, Keras 2 or 3 (float32 variables; any compute dtype).
+        model: the Keras model, Keras 2 or 3 (float32 or, under ``fp64``, float64 variables; any compute dtype).
         optimizer: ``hvd.DistributedOptimizer``-wrapped Keras optimizer of the model's Keras (a
             plain one trains without collectives).
         world_size: number of ranks: the local loss sum is scaled by ``world_size / global_count``.
@@ -115,8 +115,8 @@ def make_train_step(model, optimizer, world_size: int, inputs: StepInputs,
         # gradients, so the result is the gradient of the mean loss over the global batch, exact
         # even when local batches differ in size (the last step of an epoch).
         loss = tf.reduce_sum(per_example) * (world_size / tf.cast(global_count, per_example.dtype))
-        if model.losses:
-            loss += tf.add_n(model.losses)
+        if model.losses:  # a layer of another dtype (float32 in a float64 model) adds its own
+            loss += tf.add_n([tf.cast(term, loss.dtype) for term in model.losses])
         return loss, batch_sums
 
     signature = [*inputs.signature, tf.TensorSpec([], tf.float32)]

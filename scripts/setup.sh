@@ -33,7 +33,7 @@ die() { printf '[setup] error: %s\n' "$*" | tee /dev/fd/4; exit 1; }
 failed() {
   local status=$?
   { printf '[setup] error: the command at scripts/setup.sh line %s failed (exit %s); the last lines of %s:\n' \
-      "$1" "$status" "$LOG"; tail -n 25 "$LOG" | sed 's/^/  | /'; } >&4
+      "$1" "$status" "$LOG"; tail -n 40 "$LOG" | sed 's/^/  | /'; } >&4
   exit "$status"
 }
 trap 'failed $LINENO' ERR
@@ -69,8 +69,9 @@ if ((${#missing[@]})); then
   [[ $(id -u) -eq 0 ]] || die "Debian packages missing (${missing[*]}); run as root or install them first"
   log "installing Debian packages: ${missing[*]}"
   export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq
-  apt-get install -y -qq --no-install-recommends "${missing[@]}"
+  # Without the console's descriptors: a service the packages start must not hold the console open.
+  apt-get update -qq 3>&- 4>&-
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" 3>&- 4>&-
 fi
 
 # 2. Virtual environment with the stack's pinned Python packages --------------------------------

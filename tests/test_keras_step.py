@@ -27,7 +27,7 @@ def _train(out, np_, keras, batch, cases, floatx=None):
 @pytest.mark.parametrize("keras", [2, pytest.param(3, marks=needs_keras3)])
 def test_two_ranks_equal_one_process_on_the_global_batch(tmp_path, keras):
     """Each case's model in float64 at np=2 x 8 equals one process at 16 to 1e-12 (the oracle's
-    float64 tolerance), its metrics too."""
+    float64 tolerance); its metrics (logged as float32 values) to 1e-5."""
     ranks = _train(tmp_path / "np2", 2, keras, 8, CASES, floatx="float64")
     oracle = _train(tmp_path / "np1", 1, keras, 16, CASES, floatx="float64")
     for case in CASES:
@@ -35,7 +35,7 @@ def test_two_ranks_equal_one_process_on_the_global_batch(tmp_path, keras):
         other = dict(np.load(ranks / f"{case}.rank1.npz"))
         expected = dict(np.load(oracle / f"{case}.rank0.npz"))
         try:
-            assert_same_weights(ours, expected)
+            assert_same_weights(ours, expected, dtype=np.float64)
         except AssertionError as e:
             raise AssertionError(f"{case}: {e}") from None
         for key in ours:  # every weight alike on both ranks, Keras 2's metric trackers included

@@ -73,9 +73,10 @@ class SyncBatchNormalizationBase:
             them). The name and meaning of Keras' ``BatchNormalization(synchronized=...)``.
         fused: accepted for Keras' configs (``None``, True or False); the kernels are chosen as
             ``docs/sync_bn.md`` says ("Which kernels run") and results do not depend on them. The
-            attribute ``fused`` reads as Keras 2's does once built: False for a synchronized layer
-            (as Keras' ``synchronized=True``); otherwise whether TensorFlow's fused batch norm runs
-            (4-D inputs, channels on axis 1 or 3, not float64), unless ``fused=False``.
+            attribute ``fused`` reads, once built, what Keras 2's layer of the same arguments
+            reports (code written for Keras 2 reads it): False for a synchronized layer (as Keras'
+            ``synchronized=True``); otherwise True for 4-D and 5-D inputs with channels first or
+            last, not float64, unless ``fused=False``.
         renorm, renorm_clipping, renorm_momentum, virtual_batch_size, adjustment: Keras'
             arguments, accepted at their neutral values (``False``, any, any, ``None``, ``None``);
             batch renormalization and adjustment are not implemented (ValueError). Virtual

@@ -260,8 +260,8 @@ def build_model(spec: Union[str, Callable], input_shape: Tuple[int, int, int], n
             ``"package.module:function"`` name) called as ``function(input_shape=(H, W, C),
             num_classes=K)`` that returns an
             uncompiled Keras model (Keras 2 or 3) mapping ``(batch, H, W, C)`` float32 images in
-            [0, 1] to ``(batch, *output_shape)`` outputs. (Use hvdtrain's ``SyncBatchNormalization``
-            in it for synchronized batch statistics.)
+            [0, 1] to ``(batch, *output_shape)`` outputs. (Use the ``SyncBatchNormalization`` of its
+            Keras, ``hvdtrain.keras2``'s or ``hvdtrain.keras3``'s, for synchronized batch statistics.)
         input_shape: ``(H, W, C)``.
         num_classes: ``K``.
         sync_bn: for built-in models, synchronized (True) or per-rank batch normalization.

@@ -137,23 +137,37 @@ def worker(a) -> None:
     trainer = Trainer(ctx, model, optimizer, dataset, plan, objective=objective)
     state = model.variables + list(optimizer.variables)
     initial = [v.numpy() for v in state]
-    # The same examples summed in another order: the float32 rounding noise of this model.
+    from hvdtrain.model.convert import keras_batch_norm_layers
+
+    def save(order, step):  # every step, each to its file: where training amplifies rounding is found afterwards
+        if ctx.rank == 0:
+            np.savez(snapshot_path(a.worker, order, step), **{f"{i}:{_name(v)}": v.numpy()
+                                                              for i, v in enumerate(model.variables)})
+
+    # The same examples summed in another order: how far this model's training amplifies rounding.
     for order in orders(ctx.size):
         for variable, value in zip(state, initial, strict=True):
             variable.assign(value)
-        snapshots = {f"0:{i}:{_name(v)}": v.numpy() for i, v in enumerate(model.variables)}
+        save(order, 0)
         for step, indices, global_count in plan.epoch(0):
             if step == a.steps:
                 break
             trainer.train_step(indices[::-1] if order == "reversed" else indices, np.float32(global_count))
-            # Every step: where training starts to amplify rounding is found afterwards.
-            snapshots.update({f"{step + 1}:{i}:{_name(v)}": v.numpy() for i, v in enumerate(model.variables)})
-        if ctx.rank == 0:
-            from hvdtrain.model.convert import keras_batch_norm_layers
-
-            np.savez(f"{a.worker}.{order}.npz", **snapshots,
-                     keras_bn=np.array([layer.name for layer in keras_batch_norm_layers(model)], dtype=str))
+            save(order, step + 1)
+    if ctx.rank == 0:
+        np.save(f"{a.worker}.keras_bn.npy", np.array([layer.name for layer in keras_batch_norm_layers(model)], str))
     ctx.close()
+
+
+def snapshot_path(out: str, order: str, step: int) -> str:
+    """Where a run (``out``) saves its variables after ``step`` of ``order`` (0: the initial ones)."""
+    return f"{out}.{order}.step{step}.npz"
+
+
+def snapshot(out: str, order: str, step: int) -> dict:
+    """``<index>:<name>`` -> the variable after ``step`` (:func:`snapshot_path`)."""
+    with np.load(snapshot_path(out, order, step)) as saved:
+        return dict(saved)
 
 
 NOISE_FACTOR = 10.0  # a difference this many times the rounding noise's is no rounding
@@ -187,14 +201,14 @@ class Row:
         return self.difference > max(noise, tolerance * self.update, FLOOR * model_update)
 
 
-def compare(ranks: dict, single: dict, reversed_: dict, step: int) -> List[Row]:
-    """The :class:`Row` of each variable after ``step`` (``<step>:<index>:<name>`` keys), in the model's order."""
+def compare(ranks: dict, single: dict, reversed_: dict, initial: dict) -> List[Row]:
+    """The :class:`Row` of each variable after one step, in the model's order, from the three runs'
+    variables then and the one process's initial ones (:func:`snapshot`)."""
     rows = []
-    for key in sorted((k for k in single if k.startswith(f"{step}:")), key=lambda k: int(k.split(":")[1])):
-        rest = key.split(":", 1)[1]
+    for key in sorted(single, key=lambda k: int(k.split(":")[0])):
         w1 = single[key]
-        rows.append(Row(rest.split(":", 1)[1], w1.shape, float(np.linalg.norm(ranks[key] - w1)),
-                        float(np.linalg.norm(reversed_[key] - w1)), float(np.linalg.norm(w1 - single[f"0:{rest}"]))))
+        rows.append(Row(key.split(":", 1)[1], w1.shape, float(np.linalg.norm(ranks[key] - w1)),
+                        float(np.linalg.norm(reversed_[key] - w1)), float(np.linalg.norm(w1 - initial[key]))))
     return rows
 
 
@@ -239,30 +253,59 @@ def main(argv=None) -> int:
         say("hvdtrain verify: error: --np must be >= 2, --batch-size and --steps >= 1, --tolerance > 0", sys.stderr)
         return 2
     args = [arg for arg in (argv if argv is not None else sys.argv[1:])]
-    outputs, precision = {}, a.precision
     with tempfile.TemporaryDirectory() as tmp:
-        # The one process first: it settles the precision (auto: float64 unless a layer cannot).
-        for run, world_size in (("single", 1), ("ranks", a.np)):
-            out = os.path.join(tmp, run)
-            python = [sys.executable, "-m", "hvdtrain.tools.verify", *args, "--precision", precision, "--worker", out]
-            command = python if world_size == 1 else [
-                sys.executable, "-m", "horovod.runner.launch", "-np", str(world_size), "-H", f"localhost:{world_size}",
-                "--gloo", *python]
-            # One process must not see a launcher's rank variables (it would wait for peers).
-            env = {k: v for k, v in os.environ.items() if not k.startswith(("HOROVOD_", "OMPI_", "PMI"))}
-            done = subprocess.run(command, env=env, capture_output=True, text=True)
-            if done.returncode != 0:
-                hint = (" (in float64: --precision fp32 compares in float32)" if precision != "fp32" else "")
-                say(f"hvdtrain verify: error: the run at world size {world_size} failed{hint}: "
-                    + failure(done.stdout + done.stderr), sys.stderr)
-                return 2
-            if world_size == 1:
-                with open(f"{out}.precision.json") as f:
-                    settled = json.load(f)
-                precision, why = settled["precision"], settled["why"]
-            for order in orders(world_size):
-                with np.load(f"{out}.{order}.npz") as saved:
-                    outputs[run if order == "forward" else order] = dict(saved)
+        try:
+            precision, why = train_runs(a, args, tmp)
+        except _RunFailed as e:
+            say(f"hvdtrain verify: error: {e}", sys.stderr)
+            return 2
+        return judge(a, precision, why, os.path.join(tmp, "ranks"), os.path.join(tmp, "single"))
+
+
+class _RunFailed(Exception):
+    pass
+
+
+def train_runs(a, args: List[str], tmp: str) -> tuple:
+    """Train the one process (forward and reversed), then the ``a.np`` ranks, into ``tmp``.
+
+    Returns:
+        ``(precision, why)``: what the one process settled (``auto``: ``fp64`` unless a layer
+        cannot compute in it, or the model fails in it) and why not float64 (None if it is).
+
+    Raises:
+        _RunFailed: saying which run failed and what it printed.
+    """
+    precision, why = a.precision, None
+    for run, world_size in (("single", 1), ("ranks", a.np)):
+        out = os.path.join(tmp, run)
+        done = _train(args, precision, out, world_size)
+        if done.returncode != 0 and world_size == 1 and precision == "auto":
+            why = f"it fails in float64: {failure(done.stdout + done.stderr)}"
+            precision = "fp32"
+            done = _train(args, precision, out, world_size)
+        if done.returncode != 0:
+            hint = " (in float64: --precision fp32 compares in float32)" if precision != "fp32" else ""
+            raise _RunFailed(f"the run at world size {world_size} failed{hint}: " + failure(done.stdout + done.stderr))
+        if world_size == 1:
+            with open(f"{out}.precision.json") as f:
+                settled = json.load(f)
+            precision, why = settled["precision"], settled["why"] or why
+    return precision, why
+
+
+def _train(args: List[str], precision: str, out: str, world_size: int) -> subprocess.CompletedProcess:
+    python = [sys.executable, "-m", "hvdtrain.tools.verify", *args, "--precision", precision, "--worker", out]
+    command = python if world_size == 1 else [
+        sys.executable, "-m", "horovod.runner.launch", "-np", str(world_size), "-H", f"localhost:{world_size}",
+        "--gloo", *python]
+    # One process must not see a launcher's rank variables (it would wait for peers).
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HOROVOD_", "OMPI_", "PMI"))}
+    return subprocess.run(command, env=env, capture_output=True, text=True)
+
+
+def judge(a, precision: str, why, ranks: str, single: str) -> int:
+    """Compare the runs step by step, print the verdict, and return the exit status (0 or 1)."""
     fp64 = precision == "fp64"
     how = ("in float64: rounding near 1e-16, so a difference above "
            f"{FP64_TOLERANCE:g} of a variable's update is real" if fp64 else
@@ -274,8 +317,10 @@ def main(argv=None) -> int:
     # has amplified rounding until any two runs differ (MobileNetV2: by its update within 10 steps).
     chaos = (FP64_TOLERANCE if fp64 else a.tolerance) / CHAOS_MARGIN
     decided, chaotic_from, per_step = [], None, {}
+    initial = snapshot(single, "forward", 0)
     for step in range(1, a.steps + 1):
-        rows = compare(outputs["ranks"], outputs["single"], outputs["reversed"], step)
+        rows = compare(snapshot(ranks, "forward", step), snapshot(single, "forward", step),
+                       snapshot(single, "reversed", step), initial)
         update = total(rows, "update")
         whole = Row("model", (), total(rows, "difference"), total(rows, "noise"), update)
         if step > 1 and whole.noise > chaos * update:
@@ -308,7 +353,7 @@ def main(argv=None) -> int:
             + ("" if fp64 else f"; its differences are held to {NOISE_CAP:g} of each update"))
     if differing or whole_model_differs:
         layers = list(dict.fromkeys(layer_of(row.name) for row in differing))
-        per_rank = list(outputs["single"]["keras_bn"])
+        per_rank = list(np.load(f"{single}.keras_bn.npy"))
         named = (f"; the first layers whose variables differ after step {decided[-1]}: {_listed(layers)}"
                  if layers else "")
         named += (f". It has {len(per_rank)} Keras BatchNormalization layer(s), which normalize each rank's batch "

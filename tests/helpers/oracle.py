@@ -18,15 +18,20 @@ def tolerance(weights: dict) -> float:
     return REL_TOL_FP64 if floats and all(np.asarray(w).dtype == np.float64 for w in floats) else REL_TOL
 
 
-def assert_same_weights(ours: dict, oracle: dict, prefix: str = "final/", tol: float = None) -> None:
+def assert_same_weights(ours: dict, oracle: dict, prefix: str = "final/", tol: float = None, dtype=None) -> None:
     """Compare every tensor of ``oracle`` whose key starts with ``prefix`` (at least one) by norm,
-    to ``tol`` (default: :func:`tolerance` of the oracle's tensors under ``prefix``).
+    to ``tol`` (default: :func:`tolerance` of the oracle's tensors under ``prefix``). ``dtype``:
+    every floating tensor compared must be of it (a float64 run that silently ran in float32
+    would otherwise be held to float32's tolerance).
 
     Raises:
         AssertionError: naming the first tensor with ``||ours - oracle|| > tol * ||oracle||``.
     """
     keys = sorted(k for k in oracle if k.startswith(prefix))
     assert keys, f"no weights under {prefix!r}"
+    if dtype is not None:
+        wrong = [k for k in keys if oracle[k].dtype.kind == "f" and oracle[k].dtype != dtype]
+        assert not wrong, f"{wrong[0]} is {oracle[wrong[0]].dtype}, not {np.dtype(dtype)}"
     if tol is None:
         tol = tolerance({k: oracle[k] for k in keys})
     for k in keys:

@@ -2,7 +2,7 @@
 
 Usage: python -m tests.workers.train_steps OUT.npz MODEL SIZES STEPS [--lr LR] [--fp16-allreduce]
            [--backward-passes-per-step K] [--optimizer NAME] [--nesterov] [--weight-decay WD] [--clip-norm C]
-           [--precision fp32|bf16|fp16] [--xla] [--overflow RANK:STEP] [--reverse] [--convert-sync-bn]
+           [--precision fp32|bf16|fp16|fp64] [--xla] [--overflow RANK:STEP] [--reverse] [--convert-sync-bn]
            [--users-optimizer]
 SIZES is a comma-separated local batch size per rank (e.g. "16,16", "3,13", or "32" for one
 process). Step s uses the s-th block of sum(SIZES) examples of a fixed permutation; rank r takes
