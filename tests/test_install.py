@@ -43,3 +43,30 @@ def test_pip_install_next_to_an_existing_tensorflow_and_horovod(tmp_path):
 
     _run([python, "-m", "hvdtrain.model.sync_bn_kernels"], tmp_path)
     _run([python, "-c", "from hvdtrain.model import sync_bn_kernels as k; assert k._library() is not None"], tmp_path)
+
+
+def _setup(tmp_path, **env):
+    """scripts/setup.sh on the stack this suite runs on (its venv, its STACK), logging into ``tmp_path``."""
+    venv = Path(sys.prefix)
+    stack = (venv / ".hvdtrain-stack").read_text().strip()
+    return subprocess.run(["bash", str(REPO / "scripts" / "setup.sh")], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=300, env={**rank_env(), "HVDTRAIN_VENV": str(venv), "STACK": stack,
+                                            "HVDTRAIN_SETUP_LOG": str(tmp_path / "setup.log"), **env})
+
+
+def test_setup_of_a_ready_stack_prints_one_line_and_logs_the_rest(tmp_path):
+    done = _setup(tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stderr == ""
+    assert done.stdout.startswith("[setup] ready: ") and done.stdout.count("\n") == 1, done.stdout
+    assert f"log: {tmp_path / 'setup.log'}" in done.stdout
+
+
+def test_a_failing_setup_phase_shows_the_logs_last_lines_and_its_path(tmp_path):
+    """A phase that fails (here: no such Python for a new venv) names the line and shows the log's
+    tail on stderr; the console got one line per phase before it."""
+    done = _setup(tmp_path, HVDTRAIN_VENV=str(tmp_path / "venv"), PYTHON=str(tmp_path / "no-such-python"))
+    assert done.returncode != 0
+    assert all(line.startswith("[setup] ") for line in done.stdout.splitlines()), done.stdout
+    assert f"failed (exit 127); the last lines of {tmp_path / 'setup.log'}:" in done.stderr, done.stderr
+    assert "  | " in done.stderr and "no-such-python: No such file or directory" in done.stderr, done.stderr

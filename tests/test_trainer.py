@@ -17,11 +17,11 @@ def shared_run(tmp_path_factory):
     """``train_steps`` for jobs that several tests compare against: each launched once."""
     done = {}
 
-    def run(np_, model, sizes, steps, *extra, launcher="gloo"):
-        key = (np_, model, sizes, steps, extra, launcher)
+    def run(np_, model, sizes, steps, *extra, launcher="gloo", onednn="0"):
+        key = (np_, model, sizes, steps, extra, launcher, onednn)
         if key not in done:
             done[key] = train_steps(tmp_path_factory.mktemp("shared"), "run", np_, model, sizes, steps, *extra,
-                                    launcher=launcher)
+                                    launcher=launcher, env={"TF_ENABLE_ONEDNN_OPTS": onednn})
         return done[key]
 
     return run
@@ -42,16 +42,19 @@ def test_broadcast_and_oracle_without_batch_norm(tmp_path, shared_run):
     assert_same_weights(r0, weights(oracle))
 
 
-@pytest.mark.parametrize("sizes, precision", [("5,27", "fp64"), ("16,16", "fp32"), ("5,27", "fp32")],
-                         ids=["uneven-float64", "equal", "uneven"])
-def test_sync_bn_cnn_matches_global_batch(sizes, precision, shared_run):
+@pytest.mark.parametrize("sizes, precision, onednn", [("5,27", "fp64", "0"), ("16,16", "fp32", "0"),
+                                                     ("5,27", "fp32", "0"), ("5,27", "fp32", None)],
+                         ids=["uneven-float64", "equal", "uneven", "uneven-onednn-default"])
+def test_sync_bn_cnn_matches_global_batch(sizes, precision, onednn, shared_run):
     """20 SGD steps of a CNN with SyncBatchNormalization: 2 ranks == 1 process on the global batch
     of 32, also with uneven local batches (the loss is scaled to the global batch). Every rank
     ends with the oracle's weights and moving statistics. In float64 the layer takes TensorFlow's
-    ops, in float32 hvdtrain's CPU kernels."""
+    ops, in float32 hvdtrain's CPU kernels; oneDNN's kernels pinned off, or as TensorFlow sets them
+    on this host (None)."""
     extra = ("--precision", precision)
-    ranks = shared_run(2, "tests.helpers.models:cnn_sync_bn", sizes, 20, *extra)
-    oracle = weights(shared_run(1, "tests.helpers.models:cnn_sync_bn", "32", 20, *extra, launcher="single"))
+    ranks = shared_run(2, "tests.helpers.models:cnn_sync_bn", sizes, 20, *extra, onednn=onednn)
+    oracle = weights(shared_run(1, "tests.helpers.models:cnn_sync_bn", "32", 20, *extra, launcher="single",
+                                onednn=onednn))
     for rank in (0, 1):
         assert_same_weights(weights(ranks, rank), oracle, dtype=np.float64 if precision == "fp64" else np.float32)
 
