@@ -3,8 +3,8 @@
     .venv/bin/python benchmarks/deterministic.py                 # np=2 and np=3, 3 rounds
     .venv/bin/python benchmarks/deterministic.py --np 3 --rounds 5
 
-``--deterministic`` turns Horovod's tensor fusion off (each tensor allreduced alone, so every
-element's sum has one order at any world size) and TensorFlow's op determinism on. Each round runs
+Runs repeat bit for bit without the flag (hvdtrain's gradient buckets, ``docs/exchange.md``);
+``--deterministic`` adds TensorFlow's op determinism (deterministic kernels). Each round runs
 the default job (seed CNN, synchronized BatchNorm, ``horovodrun --gloo``) on the first
 ``--train-examples`` Fashion-MNIST images, in memory, for 2 epochs, once each way in turn; the
 figure is the last epoch's img/s, and the ratio deterministic / default per round (median over

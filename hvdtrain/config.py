@@ -350,9 +350,9 @@ class RuntimeConfig:
                                            "collectives (HOROVOD_CYCLE_TIME, which wins if set)",
                                            requires=number(0, inclusive=False))
     deterministic: bool = setting(
-        False, "--deterministic", "the same command repeats bit for bit at any world size: Horovod's tensor fusion off "
-        "at 3+ ranks (it groups gradients by timing, which changes their sums' order) and TensorFlow's deterministic "
-        "ops", switch="on")
+        False, "--deterministic", "TensorFlow's deterministic ops too (cuDNN's on a GPU): the same command repeats "
+        "bit for bit at any world size without it on a CPU, as hvdtrain's gradient buckets are fused alone",
+        switch="on")
 
     def __post_init__(self):
         check_settings(self)

@@ -28,6 +28,7 @@ import tensorflow as tf
 
 from hvdtrain.data.examples import batch_size_of, gather_rows
 from hvdtrain.errors import EveryRankError, HvdtrainError
+from hvdtrain.exchange import Exchange
 from hvdtrain.runtime.dist import tf_variable
 
 
@@ -81,8 +82,8 @@ class GradientExchange:
             step stays exact, and cast to each gradient's dtype.
 
     The exchange of one ``apply``: gradients ``None`` pass as they are (alike on every rank: the
-    same model); ``IndexedSlices`` (embeddings) become dense; then one ``hvd.grouped_allreduce``
-    with ``op=Sum`` of every gradient times ``share``.
+    same model); every other one times ``share``, summed over ranks by :class:`hvdtrain.exchange.Exchange`
+    (dense ones in fixed buckets, ``IndexedSlices`` the cheaper of allgather and dense allreduce).
     """
 
     def __init__(self, world_size: int):
@@ -91,26 +92,14 @@ class GradientExchange:
         self._wrapped: List[Tuple[object, str, Callable]] = []
         self._used: list = []
         self._dry = False
+        self._sum = Exchange(average=False)
 
     def exchange(self, gradients: Sequence) -> list:
         """``gradients`` (one per variable, any may be None) scaled by :attr:`share`, summed over ranks."""
-        gradients = list(gradients)
-        live = [i for i, g in enumerate(gradients) if g is not None]
-        dense = [tf.convert_to_tensor(gradients[i]) for i in live]
-        dense = [g * tf.cast(self.share, g.dtype) for g in dense]
-        if self.world_size > 1 and dense:
-            import horovod.tensorflow as hvd
-
-            # One grouped allreduce per dtype (Horovod groups one dtype). Horovod names it from the
-            # graph, which is the same in every rank's trace of any local batch size.
-            for dtype in sorted({g.dtype.name for g in dense}):
-                picked = [j for j, g in enumerate(dense) if g.dtype.name == dtype]
-                summed = hvd.grouped_allreduce([dense[j] for j in picked], op=hvd.Sum)
-                for j, g in zip(picked, summed):
-                    dense[j] = g
-        for i, g in zip(live, dense):
-            gradients[i] = g
-        return gradients
+        scaled = [None if g is None else _times(g, self.share) for g in gradients]
+        if self.world_size == 1:
+            return scaled
+        return self._sum(scaled)
 
     def wrap(self, optimizer) -> None:
         """Route ``optimizer``'s updates through :meth:`exchange` (until :meth:`restore`)."""
@@ -173,6 +162,15 @@ class GradientExchange:
         for wrapped in reversed(self._wrapped):
             _unwrap(*wrapped)
         self._wrapped.clear()
+
+
+def _times(gradient, share: tf.Variable):
+    """``gradient`` (dense or ``IndexedSlices``) times ``share``, cast to its dtype."""
+    if isinstance(gradient, tf.IndexedSlices):
+        return tf.IndexedSlices(gradient.values * tf.cast(share, gradient.values.dtype), gradient.indices,
+                                gradient.dense_shape)
+    gradient = tf.convert_to_tensor(gradient)
+    return gradient * tf.cast(share, gradient.dtype)
 
 
 def _unwrap(optimizer, name: str, original: Callable) -> None:

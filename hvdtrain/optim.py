@@ -10,6 +10,7 @@ import tensorflow as tf
 from hvdtrain import kerases
 from hvdtrain.config import LR_SCHEDULES, OptimConfig
 from hvdtrain.errors import HvdtrainError
+from hvdtrain.exchange import Exchange
 
 
 class WarmupScheduleBase:
@@ -168,7 +169,8 @@ def configured_optimizer(config: OptimConfig, world_size: int, steps_per_epoch: 
 def distributed(inner, config: OptimConfig):
     """``inner`` (a Keras 2 or Keras 3 optimizer, configured or the user's own) wrapped in
     ``hvd.DistributedOptimizer``, with ``config``'s allreduce compression and gradient
-    accumulation (Keras 3's through ``scripts/horovod-patches/0006-keras3-distributed-optimizer.patch``).
+    accumulation (Keras 3's through ``scripts/horovod-patches/0006-keras3-distributed-optimizer.patch``),
+    whose gradients cross ranks through :class:`hvdtrain.exchange.Exchange`.
     Its learning rate (a number or any ``LearningRateSchedule``) is used as it is: a user's own
     optimizer is not rescaled by world size. Horovod makes the optimizer anew from its config, so
     weight-decay exclusions go on the returned one.
@@ -179,17 +181,27 @@ def distributed(inner, config: OptimConfig):
     """
     import horovod.tensorflow as hvd
 
+    compression = hvd.Compression.fp16 if config.fp16_allreduce else hvd.Compression.none
     try:
         optimizer = hvd.DistributedOptimizer(
             inner,
-            compression=hvd.Compression.fp16 if config.fp16_allreduce else hvd.Compression.none,
+            compression=compression,
             backward_passes_per_step=config.backward_passes_per_step,
             average_aggregated_gradients=True,
+            # Accumulating gradients over backward passes sums them into dense variables anyway.
+            sparse_as_dense=config.backward_passes_per_step > 1,
         )
     except (TypeError, ValueError) as e:
         raise HvdtrainError(f"the optimizer {type(inner).__name__}: Horovod makes it anew from its get_config(), which "
                             f"failed ({type(e).__name__}: {e}); register a custom LearningRateSchedule or optimizer "
                             f"class with Keras' register_keras_serializable") from e
+    # hvdtrain's exchange in place of Horovod's (fixed buckets; each sparse gradient the cheaper way):
+    # where the wrapper allreduces, and where its gradient accumulation does.
+    exchange = Exchange(average=True, compression=compression)
+    optimizer._allreduce_grads = exchange  # pylint: disable=protected-access
+    helper = getattr(optimizer, "_agg_helper", None)
+    if helper is not None:
+        setattr(helper, "allreduce_grads" if hasattr(helper, "allreduce_grads") else "_allreduce_grads", exchange)
     return optimizer
 
 

@@ -395,3 +395,31 @@ def test_chained_allreduce_latency_by_thread_placement(tmp_path):
         median = r["ms per allreduce (median of rounds)"]
         assert ms > 0 and r["min - max"] == f"{median} - {median}"  # one round
         assert close(ms / ours, number(r["/ hvdtrain's Gloo"]), rel=0.01, abs_=0.006)
+
+
+def test_exchange_bytes_and_step_times(tmp_path):
+    out = script("exchange.py", "--table-rows", "20000", "--batch-size", "16", "--rounds", "1", "--steps", "1",
+                 "--warmup", "1", tmp_path=tmp_path, np_=2, launcher="gloo", timeout=600)
+    (rows,) = tables(out)
+    by = {(r["model"], r["exchange"]): r for r in rows}
+    sent = {k: number(r["MiB sent per rank per step"]) for k, r in by.items()}
+    gather, dense, ours = (sent[("recommender", v)] for v in ("horovod allgather", "horovod sparse_as_dense", "hvdtrain"))
+    assert ours <= min(gather, dense) and ours > 0
+    assert "recommender: hvdtrain's choices per table: allgather, allgather" in out
+    assert len({sent[k] for k in sent if k[0] == "text"}) == 1  # the tied table is dense in every variant
+    assert sent[("seed CNN", "horovod (each tensor, fused by timing)")] == sent[("seed CNN", "hvdtrain (fixed buckets)")]
+    for model in ("recommender", "text", "seed CNN"):
+        first, *others = [r for r in rows if r["model"] == model]
+        assert number(first["/ the model's first row"]) == 1.0
+        for r in others:
+            assert close(number(r["ms/step"]) / number(first["ms/step"]), number(r["/ the model's first row"]), rel=0.02)
+
+
+def test_exchange_bytes_model(tmp_path):
+    out = script("exchange.py", "--bytes-model", "--plot", str(tmp_path / "bytes.png"), tmp_path=tmp_path)
+    (rows,) = tables(out)
+    assert [r["np"] for r in rows] == ["8", "16", "32", "64", "128", "256", "512"]
+    for r in rows:
+        gather, dense, ours = (number(r[v]) for v in ("horovod allgather", "horovod sparse_as_dense", "hvdtrain"))
+        assert ours <= min(gather, dense)
+    assert (tmp_path / "bytes.png").stat().st_size > 10_000

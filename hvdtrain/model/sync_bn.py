@@ -28,7 +28,8 @@ def _world_size() -> int:
 def _allreduce_sum(tensor: tf.Tensor) -> tf.Tensor:
     import horovod.tensorflow as hvd
 
-    return hvd.allreduce(tensor, op=hvd.Sum)
+    # A group of one: fused with no other tensor, so reduced in the same order every step.
+    return hvd.grouped_allreduce([tensor], op=hvd.Sum)[0]
 
 
 class SyncBatchNormalizationBase:

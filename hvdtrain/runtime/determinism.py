@@ -1,39 +1,35 @@
-"""Bit-identical runs at any world size (``--deterministic``)."""
+"""Bit-identical runs at any world size: what hvdtrain's collectives promise, and ``--deterministic``."""
 from __future__ import annotations
 
 import os
 import sys
 
 from hvdtrain.errors import EveryRankError
-from hvdtrain.runtime.launcher import launcher_world_size
 
 
 def make_deterministic() -> None:
-    """Make every collective and every TensorFlow op of this process deterministic; call before
-    ``hvd.init()``.
+    """Give this process TensorFlow's deterministic kernels too; call before ``hvd.init()``.
 
-    Horovod's tensor fusion packs the tensors ready in one cycle into one buffer: which ones
-    depends on timing, and so does where each element falls in the ring's chunks, so at 3+ ranks
-    the order of its sum changes from run to run (horovod#1548; a sum of two is the same either
-    way, so at 1 or 2 ranks fusion stays on). Each tensor reduced alone is reduced the same way
-    every time: ``HOROVOD_FUSION_THRESHOLD=0``. TensorFlow's own ops (cuDNN's on a GPU, say) get
-    deterministic kernels (``tf.config.experimental.enable_op_determinism``).
+    hvdtrain's collectives repeat without it: each gradient bucket and each BatchNorm's statistics
+    is a group that Horovod fuses alone (``HOROVOD_DISABLE_GROUP_FUSION=1``, :mod:`hvdtrain.exchange`),
+    so every step reduces the same buffers in the same order. What can still change from run to run
+    is a TensorFlow kernel that sums in parallel in any order (cuDNN's on a GPU, say):
+    ``tf.config.experimental.enable_op_determinism`` picks the deterministic ones.
 
     Raises:
-        EveryRankError: if ``HOROVOD_FUSION_THRESHOLD`` asks for fusion at 3+ ranks, or Horovod
-            already started with fusion on (an earlier :func:`hvdtrain.init_distributed` call).
+        EveryRankError: if ``HOROVOD_DISABLE_GROUP_FUSION`` asks Horovod to fuse groups by timing,
+            or Horovod already started without it (an earlier ``hvd.init()``).
     """
     import tensorflow as tf
 
-    size = launcher_world_size()
-    if size is None or size > 2:
-        started = sys.modules.get("horovod.tensorflow")
-        if started is not None and started.is_initialized() and os.environ.get("HOROVOD_FUSION_THRESHOLD") != "0":
-            raise EveryRankError("--deterministic must be chosen before Horovod starts (it reads HOROVOD_FUSION_THRESHOLD "
-                                 "once): call hvdtrain.init_distributed(deterministic=True) first, or export "
-                                 "HOROVOD_FUSION_THRESHOLD=0")
-        if os.environ.get("HOROVOD_FUSION_THRESHOLD", "0") != "0":
-            raise EveryRankError(f"--deterministic turns Horovod's tensor fusion off, but HOROVOD_FUSION_THRESHOLD="
-                                 f"{os.environ['HOROVOD_FUSION_THRESHOLD']} asks for it: unset it")
-        os.environ["HOROVOD_FUSION_THRESHOLD"] = "0"
+    setting = os.environ.get("HOROVOD_DISABLE_GROUP_FUSION")
+    if setting not in (None, "1"):
+        raise EveryRankError(f"--deterministic keeps each gradient bucket in a fused buffer of its own, but "
+                             f"HOROVOD_DISABLE_GROUP_FUSION={setting} lets Horovod fuse them by timing: unset it")
+    started = sys.modules.get("horovod.tensorflow")
+    if started is not None and started.is_initialized() and setting != "1":
+        raise EveryRankError("--deterministic must be chosen before Horovod starts (it reads "
+                             "HOROVOD_DISABLE_GROUP_FUSION once): call hvdtrain.init_distributed(deterministic=True) "
+                             "first, or export HOROVOD_DISABLE_GROUP_FUSION=1")
+    os.environ["HOROVOD_DISABLE_GROUP_FUSION"] = "1"
     tf.config.experimental.enable_op_determinism()

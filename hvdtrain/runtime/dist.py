@@ -299,6 +299,9 @@ def init_distributed(threads: int = 0, use_gpu: bool = True, stall_timeout: floa
     # synchronized BatchNorm layer waits for two small allreduces per step, so a shorter cycle
     # pays that latency less often. A user's own setting wins.
     os.environ.setdefault("HOROVOD_CYCLE_TIME", f"{horovod_cycle_time_ms:g}")
+    # Each group (a gradient bucket, a BatchNorm's statistics) is fused alone, never with what else
+    # happens to be ready: the same buffers every step, so the same sums (hvdtrain.exchange).
+    os.environ.setdefault("HOROVOD_DISABLE_GROUP_FUSION", "1")
     if deterministic:
         make_deterministic()
     if stall_timeout > 0:  # Horovod's own report of missing ranks, while its coordinator can still run

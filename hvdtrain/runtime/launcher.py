@@ -3,12 +3,9 @@ before Horovod starts."""
 from __future__ import annotations
 
 import os
-from typing import Optional
 
-# The global rank and the world size, as the common launchers name them (Horovod's, OpenMPI's,
-# PMIx, PMI, Slurm).
+# The global rank, as the common launchers name it (Horovod's, OpenMPI's, PMIx, PMI, Slurm).
 RANK_ENV_VARS = ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID")
-SIZE_ENV_VARS = ("HOROVOD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_SIZE", "PMI_SIZE", "SLURM_NTASKS")
 
 
 def launcher_rank() -> int:
@@ -22,14 +19,3 @@ def launcher_rank() -> int:
         if value.isdigit():
             return int(value)
     return 0
-
-
-def launcher_world_size() -> Optional[int]:
-    """The world size the launcher gave the job, read from the environment before ``hvd.init()``;
-    1 for a process no launcher started, None where a launcher does not say."""
-    if not any(os.environ.get(name, "").isdigit() for name in RANK_ENV_VARS):
-        return 1
-    for name in SIZE_ENV_VARS:
-        if os.environ.get(name, "").isdigit():
-            return int(os.environ[name])
-    return None

@@ -1,0 +1,216 @@
+"""The gradient exchange: every rank's gradients -> their average (or sum) over ranks.
+
+Dense gradients travel in fixed buckets (:func:`buckets`): the same tensors, in the same order, in
+every step of every run, each bucket one ``hvd.grouped_allreduce``. Horovod fuses a group's tensors
+into one buffer and, with ``HOROVOD_DISABLE_GROUP_FUSION=1`` (which :func:`hvdtrain.init_distributed`
+sets), never with another group's. The ring's chunks, and so the order of every element's sum, are
+then the same each time: runs repeat bit for bit at any world size with fusion kept. (Horovod's own
+default fuses whatever is ready in one cycle, by timing: horovod#1548.)
+
+A sparse gradient (``tf.IndexedSlices``, an embedding's: the rows one batch touched) has its
+duplicate rows summed on the rank first, then crosses ranks the cheaper of two ways, per variable and
+per step (:func:`sparse_bytes`, :func:`dense_bytes`):
+
+* allgather of the unique rows with their ids (one buffer), then duplicates across ranks summed in
+  rank order:
+  bytes sent per rank ``(N-1)/N · R · (D·s + s_id)``, where ``R`` is the unique rows of all ranks
+  together, ``D`` the row's size, ``s`` a value's bytes after compression and ``s_id`` an id's;
+* dense ring-allreduce of the table: ``2 · (N-1)/N · V · D · s`` for a ``V``-row table.
+
+Every rank must pick the same way, or one waits in a collective the others skipped: the unique row
+counts of every sparse gradient go through one small integer allreduce first, and each rank decides
+from those sums, which are the same numbers on every rank. The gradient handed on stays an
+``IndexedSlices`` either way (all ``V`` rows where the dense way won), so no table-sized dense
+gradient is made where the sparse way is cheaper.
+"""
+from __future__ import annotations
+
+import os
+from typing import List, Optional, Sequence
+
+import tensorflow as tf
+
+#: Largest bucket, bytes: PyTorch DDP's default bucket cap (Li et al. 2020, "PyTorch Distributed:
+#: Experiences on Accelerating Data Parallel Training"); smaller buckets start their allreduce while
+#: the backward pass still runs, larger ones cost fewer collectives.
+BUCKET_CAP_BYTES = 25 * 2 ** 20
+_HOROVOD_FUSION_DEFAULT = 128 * 2 ** 20  # Horovod's own HOROVOD_FUSION_THRESHOLD default
+
+
+def bucket_cap_bytes() -> int:
+    """The bucket cap: :data:`BUCKET_CAP_BYTES`, or Horovod's fusion threshold where that is smaller
+    (``HOROVOD_FUSION_THRESHOLD=0``: every gradient its own bucket), so a bucket is one fused buffer."""
+    threshold = int(os.environ.get("HOROVOD_FUSION_THRESHOLD", _HOROVOD_FUSION_DEFAULT))
+    return min(BUCKET_CAP_BYTES, max(threshold, 0))
+
+
+def buckets(tensors: Sequence[tf.Tensor], cap_bytes: int) -> List[List[int]]:
+    """Split dense ``tensors`` into buckets: lists of their positions.
+
+    Reverse order (the backward pass makes the last layers' gradients first), one dtype per bucket
+    (Horovod groups one dtype), a new bucket once the next tensor would take it past ``cap_bytes``;
+    buckets in the order of their first tensor.
+    Only static shapes and dtypes decide, so the buckets are the same on every rank and every step.
+
+    Raises:
+        ValueError: for a tensor without a static shape.
+    """
+    open_buckets, closed = {}, []
+    for i in reversed(range(len(tensors))):
+        t = tensors[i]
+        if not t.shape.is_fully_defined():
+            raise ValueError(f"a dense gradient needs a static shape to be bucketed, got {t.shape} ({t.name})")
+        size = t.shape.num_elements() * t.dtype.size
+        bucket = open_buckets.get(t.dtype)
+        if bucket is not None and bucket[1] + size > cap_bytes:
+            closed.append(bucket[0])
+            bucket = None
+        if bucket is None:
+            bucket = open_buckets[t.dtype] = [[], 0]
+        bucket[0].append(i)
+        bucket[1] += size
+    return sorted(closed + [b[0] for b in open_buckets.values()], key=lambda b: -b[0])
+
+
+def sparse_bytes(world_size: int, rows, row_elements: int, value_bytes: int, id_bytes: int):
+    """Bytes each rank sends to allgather ``rows`` unique rows in all (ring allgather)."""
+    return (world_size - 1) * rows * (row_elements * value_bytes + id_bytes) // world_size
+
+
+def dense_bytes(world_size: int, table_rows: int, row_elements: int, value_bytes: int) -> int:
+    """Bytes each rank sends to ring-allreduce a ``table_rows``-row table (reduce-scatter, then allgather)."""
+    return 2 * (world_size - 1) * table_rows * row_elements * value_bytes // world_size
+
+
+def _compressed_size(compression, dtype: tf.DType) -> int:
+    """Bytes of one value of ``dtype`` after Horovod's ``compression``."""
+    probe, _ = compression.compress(tf.zeros([0], dtype))
+    return probe.dtype.size
+
+
+def unique_rows(slices: tf.IndexedSlices) -> tf.IndexedSlices:
+    """``slices`` with each row id once, its rows summed (in the order they came), ids int64."""
+    ids, position = tf.unique(tf.cast(slices.indices, tf.int64))
+    values = tf.math.unsorted_segment_sum(slices.values, position, tf.size(ids))
+    return tf.IndexedSlices(values, ids, slices.dense_shape)
+
+
+class Exchange:
+    """``(gradients, variables=None) -> gradients`` over ranks: Horovod's ``_allreduce_grads`` contract.
+
+    Args:
+        average: divide the sum by the world size (Horovod's ``op=Average``), else the sum.
+        compression: Horovod's ``Compression.none`` or ``Compression.fp16``, for dense and sparse values alike.
+        cap_bytes: the bucket cap (:func:`bucket_cap_bytes` when None).
+
+    Call arguments:
+        gradients: one per variable, each None, a dense ``tf.Tensor`` of a static shape, or a
+            ``tf.IndexedSlices`` whose ``values`` have a static row shape.
+        variables: ignored (Horovod's signature).
+
+    Returns:
+        A list like ``gradients``: None as None, dense as dense (same dtype), ``IndexedSlices`` as
+        ``IndexedSlices`` with unique int64 ids.
+
+    Attributes:
+        choices: after a trace, for each sparse gradient of the last call, a bool tensor: True where
+            it was allgathered (for tests and benchmarks).
+
+    The world size is Horovod's when the call is traced (an elastic run retraces its step after a reset);
+    at 1 the gradients pass as they are.
+    """
+
+    def __init__(self, average: bool = True, compression=None, cap_bytes: Optional[int] = None):
+        import horovod.tensorflow as hvd
+
+        self.average = average
+        self.compression = compression or hvd.Compression.none
+        self.cap_bytes = bucket_cap_bytes() if cap_bytes is None else cap_bytes
+        self.choices: List[tf.Tensor] = []
+
+    def __call__(self, gradients: Sequence, variables: Optional[Sequence] = None) -> list:
+        import horovod.tensorflow as hvd
+
+        gradients = list(gradients)
+        self.world_size = hvd.size()
+        if self.world_size == 1:
+            return gradients
+        sparse = [i for i, g in enumerate(gradients) if isinstance(g, tf.IndexedSlices)]
+        dense = [i for i, g in enumerate(gradients) if g is not None and not isinstance(g, tf.IndexedSlices)]
+        for i, reduced in zip(sparse, self._sparse([gradients[i] for i in sparse])):
+            gradients[i] = reduced
+        for i, reduced in zip(dense, self._dense([tf.convert_to_tensor(gradients[i]) for i in dense])):
+            gradients[i] = reduced
+        return gradients
+
+    def _dense(self, tensors: List[tf.Tensor]) -> List[tf.Tensor]:
+        """One grouped allreduce per bucket, buckets in their fixed order."""
+        import horovod.tensorflow as hvd
+
+        out = list(tensors)
+        op = hvd.Average if self.average else hvd.Sum
+        for bucket in buckets(tensors, self.cap_bytes):
+            reduced = hvd.grouped_allreduce([tensors[i] for i in bucket], op=op, compression=self.compression)
+            for i, r in zip(bucket, reduced):
+                out[i] = r
+        return out
+
+    def _sparse(self, slices: List[tf.IndexedSlices]) -> List[tf.IndexedSlices]:
+        """Each one allgathered or densely allreduced, as the allreduced row counts decide."""
+        import horovod.tensorflow as hvd
+
+        if not slices:
+            return []
+        local = [unique_rows(s) for s in slices]
+        # The same sums on every rank, so every rank takes the same branch of each tf.cond below.
+        rows = hvd.allreduce(tf.stack([tf.size(s.indices, out_type=tf.int64) for s in local]), op=hvd.Sum)
+        self.choices = []
+        out = []
+        for k, s in enumerate(local):
+            table_rows = _table_rows(slices[k])
+            row_elements = s.values.shape[1:].num_elements()
+            if row_elements is None:
+                raise ValueError(f"a sparse gradient needs a static row shape, got {s.values.shape}")
+            value_bytes = _compressed_size(self.compression, s.values.dtype)
+            gather = sparse_bytes(self.world_size, rows[k], row_elements, value_bytes, 8) < dense_bytes(
+                self.world_size, table_rows, row_elements, value_bytes)
+            self.choices.append(gather)
+            out.append(tf.cond(gather, lambda s=s: self._allgather(s),
+                               lambda s=s, n=table_rows: self._allreduce_table(s, n)))
+        return out
+
+    def _allgather(self, s: tf.IndexedSlices) -> tf.IndexedSlices:
+        """One allgather of the rows with their ids, then the rows of each id summed in rank order."""
+        import horovod.tensorflow as hvd
+
+        values, context = self.compression.compress(s.values)
+        width = values.shape[1:].num_elements()
+        # The int64 ids ride in the same buffer, bit for bit, as extra columns of the values' dtype:
+        # one collective per variable, not two (an allgather copies bytes, so nothing rounds them).
+        ids = tf.reshape(tf.bitcast(tf.reshape(s.indices, [-1, 1]), values.dtype), [-1, 8 // values.dtype.size])
+        packed = tf.concat([tf.reshape(values, [-1, width]), ids], axis=1)
+        gathered = hvd.allgather(packed)
+        values = self.compression.decompress(tf.reshape(gathered[:, :width], [-1, *values.shape[1:]]), context)
+        indices = tf.reshape(tf.bitcast(tf.reshape(gathered[:, width:], [-1, 1, 8 // gathered.dtype.size])
+                                        if gathered.dtype.size < 8 else gathered[:, width:], tf.int64), [-1])
+        summed = unique_rows(tf.IndexedSlices(values, indices, s.dense_shape))
+        if self.average:
+            summed = tf.IndexedSlices(summed.values / tf.cast(self.world_size, values.dtype), summed.indices,
+                                      summed.dense_shape)
+        return summed
+
+    def _allreduce_table(self, s: tf.IndexedSlices, table_rows: int) -> tf.IndexedSlices:
+        import horovod.tensorflow as hvd
+
+        table = tf.math.unsorted_segment_sum(s.values, s.indices, table_rows)
+        table = hvd.grouped_allreduce([table], op=hvd.Average if self.average else hvd.Sum,
+                                      compression=self.compression)[0]
+        return tf.IndexedSlices(table, tf.range(table_rows, dtype=tf.int64), s.dense_shape)
+
+
+def _table_rows(slices: tf.IndexedSlices) -> int:
+    """The variable's number of rows, from the gradient's static ``dense_shape``."""
+    shape = tf.get_static_value(slices.dense_shape) if slices.dense_shape is not None else None
+    if shape is None:
+        raise ValueError("a sparse gradient needs a static dense_shape (its variable's shape)")
+    return int(shape[0])
