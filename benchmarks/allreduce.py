@@ -12,7 +12,8 @@ and bus bandwidth ``busbw = algbw * 2 (n - 1) / n`` (what each rank's link carri
 allreduce; comparable to the memcpy bandwidth). Then the effect of Horovod's tensor fusion: the
 time to allreduce every gradient of ResNet-20 and of the seed CNN as separate tensors in one
 ``tf.function`` (as ``hvd.DistributedOptimizer`` does) with ``HOROVOD_FUSION_THRESHOLD=0``
-against the default 64 MiB. Each rank has one core. Prints tables, peak memory per rank, and
+against the default 64 MiB, under Horovod's own ``HOROVOD_DISABLE_GROUP_FUSION=0`` (hvdtrain's ``1``
+would leave them unfused either way). Each rank has one core. Prints tables, peak memory per rank, and
 writes a PNG plot. Reference for the definitions: NVIDIA nccl-tests, ``doc/PERFORMANCE.md``.
 """
 import argparse
@@ -57,6 +58,7 @@ def timed(fn, size: int, barrier) -> float:
 def horovod_worker(a) -> dict:
     from hvdtrain.runtime.dist import init_distributed
 
+    common.horovods_own_fusion()  # Horovod's tensor fusion is what this measures
     ctx = init_distributed(threads=1, use_gpu=False)
     import horovod.tensorflow as hvd
     import tensorflow as tf

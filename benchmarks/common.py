@@ -217,6 +217,13 @@ def peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
+def horovods_own_fusion() -> None:
+    """Give this process Horovod's default ``HOROVOD_DISABLE_GROUP_FUSION=0`` (unless it is set);
+    call before ``init_distributed``. hvdtrain's default ``1`` fuses each group alone and makes every
+    plain collective a group of one, so a Horovod baseline in the same ranks would run unfused."""
+    os.environ.setdefault("HOROVOD_DISABLE_GROUP_FUSION", "0")
+
+
 def env_for_ranks(extra: Optional[dict] = None) -> dict:
     """Environment for launched ranks: this venv first on PATH, hvdtrain importable, CPU only.
 

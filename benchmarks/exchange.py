@@ -12,7 +12,12 @@ SGD update) whose exchange is the variant, timed in alternating rounds in the sa
 * text model: a Transformer block on 32-token sequences whose 32,000 x 256 input embedding is also its
   output projection (tied), next-token loss, local batch 16;
 * the seed CNN (Fashion-MNIST, hvdtrain's step): Horovod's allreduce of each tensor, fused by timing
-  (today's default), against hvdtrain's fixed buckets.
+  (Horovod's default), against hvdtrain's fixed buckets.
+
+The ranks run with Horovod's own ``HOROVOD_DISABLE_GROUP_FUSION=0`` (unless it is set), so that
+Horovod's variants are fused as Horovod's users get them: hvdtrain's default ``1`` would make each of
+their tensors a group fused alone. What hvdtrain's ``1`` costs its own training is
+``deterministic.py``'s column "fused by timing".
 
 Variants: ``horovod allgather`` (``hvd.DistributedGradientTape``'s default for an ``IndexedSlices``),
 ``horovod sparse_as_dense`` (a dense allreduce of each table), ``hvdtrain`` (:mod:`hvdtrain.exchange`).
@@ -111,7 +116,7 @@ def runner(step, batches):
 def bytes_per_step(world_size, variant, model, ids_per_rank, unique_rows, table_rows):
     """Each rank's bytes sent in one step: dense gradients ring-allreduced; the recommender's tables
     (``table_rows`` rows) as the variant sends them."""
-    from hvdtrain.exchange import dense_bytes, sparse_bytes
+    from hvdtrain.exchange import dense_bytes, sparse_bytes, table_bytes
 
     tables = [v for v in model.trainable_variables if v.shape[0] == table_rows]
     dense = sum(dense_bytes(world_size, 1, int(np.prod(v.shape)), 4) for v in model.trainable_variables
@@ -124,7 +129,7 @@ def bytes_per_step(world_size, variant, model, ids_per_rank, unique_rows, table_
             dense += dense_bytes(world_size, int(table.shape[0]), dim, 4)
         else:
             dense += min(sparse_bytes(world_size, unique_rows[k], dim, 4, 8),
-                         dense_bytes(world_size, int(table.shape[0]), dim, 4))
+                         table_bytes(world_size, int(table.shape[0]), dim, 4))
     if variant == "hvdtrain" and tables:  # the allreduce of the tables' row counts that decides
         dense += dense_bytes(world_size, 1, len(tables), 8)
     return dense
@@ -133,6 +138,7 @@ def bytes_per_step(world_size, variant, model, ids_per_rank, unique_rows, table_
 def worker(a) -> None:
     from hvdtrain.runtime.dist import init_distributed
 
+    common.horovods_own_fusion()  # Horovod's baselines fused as Horovod's users get them
     ctx = init_distributed(threads=a.threads)
     import horovod.tensorflow as hvd
     import keras
@@ -222,7 +228,7 @@ def seed_cnn_rows(ctx, a):
 
 def bytes_model(path: str) -> None:
     """Bytes per rank per step on paper for np = 8 to 512: the recommender's two tables, each way."""
-    from hvdtrain.exchange import dense_bytes, sparse_bytes
+    from hvdtrain.exchange import dense_bytes, sparse_bytes, table_bytes
 
     rng = np.random.default_rng(0)
     worlds = [8, 16, 32, 64, 128, 256, 512]
@@ -232,7 +238,7 @@ def bytes_model(path: str) -> None:
         unique = sum(len(np.unique(row)) for row in ids)  # each rank's unique rows, summed
         gather_all = sparse_bytes(n, n * 512 * IDS_PER_EXAMPLE, TABLE_DIM, 4, 4)
         dense = dense_bytes(n, TABLE_ROWS, TABLE_DIM, 4)
-        ours = min(sparse_bytes(n, unique, TABLE_DIM, 4, 8), dense)
+        ours = min(sparse_bytes(n, unique, TABLE_DIM, 4, 8), table_bytes(n, TABLE_ROWS, TABLE_DIM, 4))
         for v, b in zip(VARIANTS, (gather_all, dense, ours)):
             series[v].append(2 * b / 2 ** 20)
     common.print_table(["np", *VARIANTS], [[n, *(f"{series[v][i]:,.0f}" for v in VARIANTS)]
@@ -274,9 +280,10 @@ def main():
     if not a.launch:
         return worker(a)
     args = [f"--{k.replace('_', '-')}={v}" for k, v in vars(a).items()
-            if k in ("batch_size", "table_rows", "rounds", "steps", "warmup", "threads")] + ["--models", *a.models]
+            if k in ("batch_size", "table_rows", "rounds", "steps", "warmup", "threads")]
     for only in (VARIANTS if a.memory else (None,)):
-        common.run_job(a.launch, __file__, args + ([f"--only={only}"] if only else []), stream=True)
+        common.run_job(a.launch, __file__, args + ["--models", *a.models] + ([f"--only={only}"] if only else []),
+                       stream=True)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,9 @@ rounds, so machine noise hits both alike. Three pairs: the same layers in both (
 (hvdtrain's ``--no-sync-bn`` layer against Keras'), and synchronized BatchNorm (hvdtrain's layer
 against Horovod's ``hvd.SyncBatchNormalization``).
 Prints median step times, the ratio hvdtrain / plain (the median of the rounds' own ratios), and
-each rank's peak memory.
+each rank's peak memory. The ranks run with Horovod's default ``HOROVOD_DISABLE_GROUP_FUSION=0``
+(hvdtrain's ``1`` would leave the plain loop's tensors unfused), so hvdtrain's step here runs with it
+too; what hvdtrain's own setting costs its training is ``deterministic.py``'s "fused by timing".
 """
 import argparse
 import sys
@@ -67,6 +69,7 @@ def plain_horovod_loop(ctx, model, x, y, batch_size: int, lr: float):
 def worker(a) -> None:
     from hvdtrain.runtime.dist import init_distributed
 
+    common.horovods_own_fusion()  # the plain loop fused as Horovod's users get it
     ctx = init_distributed(threads=a.threads)
     import tensorflow as tf
     from hvdtrain.model.zoo import norm_factory

@@ -94,12 +94,13 @@ class GradientExchange:
         self._dry = False
         self._sum = Exchange(average=False)
 
-    def exchange(self, gradients: Sequence) -> list:
-        """``gradients`` (one per variable, any may be None) scaled by :attr:`share`, summed over ranks."""
+    def exchange(self, gradients: Sequence, variables: Optional[Sequence] = None) -> list:
+        """``gradients`` (one per variable, any may be None) scaled by :attr:`share`, summed over ranks
+        (``variables``, where given, give the shapes a gradient may lack: :class:`hvdtrain.exchange.Exchange`)."""
         scaled = [None if g is None else _times(g, self.share) for g in gradients]
         if self.world_size == 1:
             return scaled
-        return self._sum(scaled)
+        return self._sum(scaled, variables)
 
     def wrap(self, optimizer) -> None:
         """Route ``optimizer``'s updates through :meth:`exchange` (until :meth:`restore`)."""
@@ -112,7 +113,7 @@ class GradientExchange:
             def apply(grads, trainable_variables=None):
                 if exchange._dry:
                     return exchange._build(optimizer, trainable_variables)
-                return original(exchange.exchange(grads), trainable_variables)
+                return original(exchange.exchange(grads, trainable_variables), trainable_variables)
             wrapped = apply
         else:
             def apply_gradients(grads_and_vars, *args, **kwargs):
@@ -120,7 +121,7 @@ class GradientExchange:
                 variables = [v for _, v in pairs]
                 if exchange._dry:
                     return exchange._build(optimizer, variables)
-                return original(list(zip(exchange.exchange([g for g, _ in pairs]), variables)), *args, **kwargs)
+                return original(list(zip(exchange.exchange([g for g, _ in pairs], variables), variables)), *args, **kwargs)
             wrapped = apply_gradients
         object.__setattr__(optimizer, name, wrapped)
         object.__setattr__(optimizer, "_hvdtrain_unwrapped", original)

@@ -3,8 +3,8 @@
 # .venv-<stack> (scripts/setup.sh with STACK and HVDTRAIN_VENV), and runs the smoke subset on it:
 # the default job for one epoch at np=2 on Fashion-MNIST, the N ranks == 1 process oracles (with and
 # without synchronized BatchNorm), SyncBN against its float64 global-batch oracle, an exact resume
-# mid-epoch, and the streamed datasets (their shards in one process; an image folder at np=2 trains
-# exactly as in memory). The full suite runs on the default stack (README's test command).
+# mid-epoch, the gradient exchange at 2 and 3 ranks, and the streamed datasets (their shards in one
+# process; an image folder at np=2 trains exactly as in memory). The full suite runs on the default stack (README's test command).
 #   bash scripts/matrix.sh            # tf2.15 and tf2.21
 #   bash scripts/matrix.sh tf2.15     # the pinned older stack only (what .ci/run adds)
 set -euo pipefail
@@ -18,6 +18,7 @@ SMOKE=(
   tests/model/test_sync_bn.py::test_matches_global_batch_oracle
   tests/test_cli.py::test_resume_mid_epoch_is_exact
   tests/test_kerases.py
+  tests/test_exchange.py
   tests/data/test_tfrecord.py
   tests/data/test_folder.py
   tests/data/test_function.py

@@ -5,26 +5,22 @@ import json
 import pytest
 import tensorflow as tf
 
-from hvdtrain.exchange import BUCKET_CAP_BYTES, bucket_cap_bytes, buckets, dense_bytes, sparse_bytes
+from hvdtrain.exchange import BUCKET_CAP_BYTES, bucket_cap_bytes, buckets, dense_bytes, sparse_bytes, table_bytes
 from tests.helpers.ranks import run_ranks
 
 
 def test_buckets_run_backwards_one_dtype_each_and_close_at_the_cap():
-    tensors = [tf.zeros([10], tf.float32), tf.zeros([4], tf.float64), tf.zeros([20], tf.float32),
-               tf.zeros([5], tf.float32), tf.zeros([6], tf.float64)]
-    # 4 bytes a float32: [3] 20 B and [2] 80 B fill 100 B; [0] 40 B opens the next one.
-    assert buckets(tensors, cap_bytes=100) == [[4, 1], [3, 2], [0]]
-    assert buckets(tensors, cap_bytes=0) == [[4], [3], [2], [1], [0]]
-    assert buckets(tensors, cap_bytes=10 ** 9) == [[4, 1], [3, 2, 0]]
+    sizes = [40, 32, 80, 20, 48]
+    dtypes = [tf.float32, tf.float64, tf.float32, tf.float32, tf.float64]
+    # [3] 20 B and [2] 80 B fill 100 B; [0] 40 B opens the next one.
+    assert buckets(sizes, dtypes, cap_bytes=100) == [[4, 1], [3, 2], [0]]
+    assert buckets(sizes, dtypes, cap_bytes=0) == [[4], [3], [2], [1], [0]]
+    assert buckets(sizes, dtypes, cap_bytes=10 ** 9) == [[4, 1], [3, 2, 0]]
 
 
-def test_a_gradient_without_a_static_shape_is_refused_by_name():
-    @tf.function(input_signature=[tf.TensorSpec([None], tf.float32)])
-    def bucket(t):
-        return buckets([t], 100)
-
-    with pytest.raises(ValueError, match=r"a dense gradient needs a static shape to be bucketed, got \(None,\)"):
-        bucket.get_concrete_function()
+def test_a_tensor_of_unknown_size_is_a_bucket_of_its_own():
+    sizes = [40, None, 80]
+    assert buckets(sizes, [tf.float32] * 3, cap_bytes=10 ** 9) == [[2, 0], [1]]
 
 
 def test_the_cap_is_horovods_fusion_threshold_where_that_is_smaller(monkeypatch):
@@ -41,20 +37,24 @@ def test_bytes_per_rank_of_the_two_sparse_exchanges():
     assert sparse_bytes(8, 1000, 64, 4, 8) == 231000
     # The ring allreduce of a 1,000,000 x 64 float32 table: 2 x 7/8 of 256 MB.
     assert dense_bytes(8, 1_000_000, 64, 4) == 448_000_000
+    # hvdtrain's dense way adds a column, how many ranks touched each row.
+    assert table_bytes(8, 1_000_000, 64, 4) == 455_000_000
 
 
-@pytest.mark.parametrize("np_, flags", [(2, []), (3, []), (3, ["--fp16"]), (2, ["--sum"])],
-                         ids=["np2", "np3", "np3-fp16", "np2-sum"])
+@pytest.mark.parametrize("np_, flags", [(2, []), (3, []), (3, ["--fp16"]), (3, ["--sum", "--float64"])],
+                         ids=["np2", "np3", "np3-fp16", "np3-sum-float64"])
 def test_exchanged_gradients_equal_their_dense_average(np_, flags):
-    """Duplicate ids, a rank touching no row, a table the dense allreduce is cheaper for: within 1e-6
-    of the float64 average (fp16 compression: within its rounding, and visibly rounded, sparse values too)."""
+    """Duplicate ids, a rank touching no row, a table the dense allreduce is cheaper for (which must
+    hand back only the touched rows), shapes known only from the variables: within 1e-6 of the float64
+    average (fp16 compression: within its rounding, and visibly rounded, sparse values too)."""
     result = run_ranks(np_, ["tests/workers/exchange_cases.py", *flags], timeout=300)
     reports = [json.loads(line.split(">:", 1)[-1]) for line in result.stdout.splitlines() if '"rank"' in line]
     assert sorted(r["rank"] for r in reports) == list(range(np_))
     for report in reports:
         # wide: few rows of 20,000 (allgather); narrow: every row of 6 (dense); untouched on rank 1: allgather.
         assert report["gathered"] == [True, False, True]
-        assert all(report["unique_ids"]), report
+        assert all(report["unique_ids"]), report  # each touched row once, and no other
+        assert set(report["dtypes"]) == {"float64" if "--float64" in flags else "float32", "int64"}, report
         if "--fp16" in flags:
             assert all(1e-6 < gap < 2e-3 for gap in report["gaps"]), report
         else:

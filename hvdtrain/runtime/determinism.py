@@ -18,10 +18,15 @@ def make_deterministic() -> None:
 
     Raises:
         EveryRankError: if ``HOROVOD_DISABLE_GROUP_FUSION`` asks Horovod to fuse groups by timing,
-            or Horovod already started without it (an earlier ``hvd.init()``).
+            if ``HOROVOD_AUTOTUNE`` is on (it changes the fusion threshold, and so the buffers, as it
+            searches), or if Horovod already started without the first (an earlier ``hvd.init()``).
     """
     import tensorflow as tf
 
+    if os.environ.get("HOROVOD_AUTOTUNE", "0") not in ("", "0"):
+        raise EveryRankError(f"--deterministic needs the same fused buffers every step, but "
+                             f"HOROVOD_AUTOTUNE={os.environ['HOROVOD_AUTOTUNE']} changes Horovod's fusion "
+                             f"threshold as it tunes: unset it")
     setting = os.environ.get("HOROVOD_DISABLE_GROUP_FUSION")
     if setting not in (None, "1"):
         raise EveryRankError(f"--deterministic keeps each gradient bucket in a fused buffer of its own, but "

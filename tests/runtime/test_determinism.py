@@ -56,10 +56,15 @@ def test_the_same_command_twice_at_three_ranks_is_bit_identical(tmp_path, kind, 
         np.testing.assert_array_equal(ours[name], theirs[name], err_msg=name)
 
 
-def test_group_fusion_by_timing_is_refused_with_deterministic(tmp_path):
+@pytest.mark.parametrize("env, message", [
+    ({"HOROVOD_DISABLE_GROUP_FUSION": "0"}, "--deterministic keeps each gradient bucket in a fused buffer of its "
+                                            "own, but HOROVOD_DISABLE_GROUP_FUSION=0 lets Horovod fuse them by "
+                                            "timing: unset it"),
+    ({"HOROVOD_AUTOTUNE": "1"}, "--deterministic needs the same fused buffers every step, but HOROVOD_AUTOTUNE=1 "
+                                "changes Horovod's fusion threshold as it tunes: unset it"),
+], ids=["group-fusion", "autotune"])
+def test_fusion_by_timing_is_refused_with_deterministic(tmp_path, env, message):
     result = run_ranks(3, ["-m", "hvdtrain", "--dataset", "synthetic", "--epochs", "1", "--deterministic",
-                           "--log-dir", str(tmp_path / "refused")], env={"HOROVOD_DISABLE_GROUP_FUSION": "0"},
-                       timeout=300, check=False)
+                           "--log-dir", str(tmp_path / "refused")], env=env, timeout=300, check=False)
     assert result.returncode != 0
-    assert ("--deterministic keeps each gradient bucket in a fused buffer of its own, but "
-            "HOROVOD_DISABLE_GROUP_FUSION=0 lets Horovod fuse them by timing: unset it") in result.stderr
+    assert message in result.stderr
