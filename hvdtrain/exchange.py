@@ -53,8 +53,8 @@ def buckets(sizes: Sequence[Optional[int]], dtypes: Sequence[tf.DType], cap_byte
 
     Args:
         sizes: each tensor's bytes as Horovod receives it (after compression), or None where its
-            shape is not static: such a tensor is a bucket of its own.
-        dtypes: each tensor's dtype as Horovod receives it.
+            shape is not static: such a tensor is a bucket of its own (:func:`wire_sizes`).
+        dtypes: each tensor's dtype as Horovod receives it (after compression).
         cap_bytes: the largest bucket.
 
     Reverse order (the backward pass makes the last layers' gradients first), one dtype per bucket
@@ -95,10 +95,34 @@ def table_bytes(world_size: int, table_rows: int, row_elements: int, value_bytes
     return dense_bytes(world_size, table_rows, row_elements + 1, value_bytes)
 
 
+def _compressed_dtype(compression, dtype: tf.DType) -> tf.DType:
+    """What a value of ``dtype`` becomes under Horovod's ``compression``."""
+    probe, _ = compression.compress(tf.zeros([0], dtype))
+    return probe.dtype
+
+
 def _compressed_size(compression, dtype: tf.DType) -> int:
     """Bytes of one value of ``dtype`` after Horovod's ``compression``."""
-    probe, _ = compression.compress(tf.zeros([0], dtype))
-    return probe.dtype.size
+    return _compressed_dtype(compression, dtype).size
+
+
+def wire_dtype(compression, dtype: tf.DType) -> tf.DType:
+    """The dtype a dense allreduce of ``dtype`` values takes before compression: ``dtype``, or
+    float32 for bfloat16 that compression leaves as it is (Horovod's allreduce has no bfloat16 kernel)."""
+    return tf.float32 if dtype == tf.bfloat16 and _compressed_dtype(compression, dtype) == tf.bfloat16 else dtype
+
+
+def wire_sizes(tensors: Sequence[tf.Tensor], variables: Sequence, compression) -> tuple:
+    """``(sizes, dtypes)`` of dense ``tensors`` as Horovod receives them, for :func:`buckets`: bytes
+    after compression (from the variable's shape where the tensor's is not static, None where
+    neither is) and the compressed dtype."""
+    sizes, dtypes = [], []
+    for t, v in zip(tensors, variables):
+        shape = t.shape if t.shape.is_fully_defined() or v is None else tf.TensorShape(v.shape)
+        wire = _compressed_dtype(compression, wire_dtype(compression, t.dtype))
+        sizes.append(shape.num_elements() * wire.size if shape.is_fully_defined() else None)
+        dtypes.append(wire)
+    return sizes, dtypes
 
 
 def unique_rows(slices: tf.IndexedSlices) -> tf.IndexedSlices:
@@ -171,18 +195,14 @@ class Exchange:
         """One grouped allreduce per bucket, buckets in their fixed order."""
         import horovod.tensorflow as hvd
 
-        sizes, dtypes = [], []
-        for t, v in zip(tensors, variables):
-            shape = t.shape if t.shape.is_fully_defined() or v is None else tf.TensorShape(v.shape)
-            value_bytes = _compressed_size(self.compression, t.dtype)
-            sizes.append(shape.num_elements() * value_bytes if shape.is_fully_defined() else None)
-            dtypes.append(t.dtype)
+        sizes, dtypes = wire_sizes(tensors, variables, self.compression)
         out = list(tensors)
         op = hvd.Average if self.average else hvd.Sum
         for bucket in buckets(sizes, dtypes, self.cap_bytes):
-            reduced = hvd.grouped_allreduce([tensors[i] for i in bucket], op=op, compression=self.compression)
+            sent = [tf.cast(tensors[i], wire_dtype(self.compression, tensors[i].dtype)) for i in bucket]
+            reduced = hvd.grouped_allreduce(sent, op=op, compression=self.compression)
             for i, r in zip(bucket, reduced):
-                out[i] = r
+                out[i] = tf.cast(r, tensors[i].dtype)
         return out
 
     def _sparse(self, slices: List[tf.IndexedSlices], variables: list) -> List[tf.IndexedSlices]:
@@ -199,9 +219,10 @@ class Exchange:
             table_rows, row_shape = _table_shape(slices[k], variables[k])
             row_elements = row_shape.num_elements()
             s = tf.IndexedSlices(tf.reshape(s.values, [-1, *row_shape]), s.indices, s.dense_shape)
-            value_bytes = _compressed_size(self.compression, s.values.dtype)
-            gather = sparse_bytes(self.world_size, rows[k], row_elements, value_bytes, 8) < table_bytes(
-                self.world_size, table_rows, row_elements, value_bytes)
+            dtype = s.values.dtype
+            gather = sparse_bytes(self.world_size, rows[k], row_elements, _compressed_size(self.compression, dtype),
+                                  8) < table_bytes(self.world_size, table_rows, row_elements,
+                                                   _compressed_size(self.compression, wire_dtype(self.compression, dtype)))
             self.choices.append(gather)
             out.append(tf.cond(gather, lambda s=s: self._allgather(s),
                                lambda s=s, n=table_rows: self._allreduce_table(s, n)))
@@ -234,13 +255,14 @@ class Exchange:
         result holds the same rows as the allgather's (a row-lazy optimizer updates the same rows)."""
         import horovod.tensorflow as hvd
 
-        flat = tf.reshape(s.values, [tf.shape(s.values)[0], -1])
+        dtype = s.values.dtype
+        flat = tf.cast(tf.reshape(s.values, [tf.shape(s.values)[0], -1]), wire_dtype(self.compression, dtype))
         touched = tf.ones([tf.shape(flat)[0], 1], flat.dtype)
         table = tf.math.unsorted_segment_sum(tf.concat([flat, touched], axis=1), s.indices, table_rows)
         table = hvd.grouped_allreduce([table], op=hvd.Average if self.average else hvd.Sum,
                                       compression=self.compression)[0]
         ids = tf.where(table[:, -1] > 0)[:, 0]
-        values = tf.reshape(tf.gather(table[:, :-1], ids), [-1, *s.values.shape[1:]])
+        values = tf.cast(tf.reshape(tf.gather(table, ids)[:, :-1], [-1, *s.values.shape[1:]]), dtype)
         return tf.IndexedSlices(values, ids, s.dense_shape)
 
 
@@ -251,5 +273,6 @@ def _table_shape(slices: tf.IndexedSlices, variable) -> tuple:
         shape = tf.TensorShape(variable.shape).as_list()
     if shape is None:
         raise ValueError(f"a sparse gradient ({slices.values.name}) needs its table's shape: its dense_shape "
-                         f"is not static and no variable was given")
+                         f"is not static, and " + ("no variable was given" if variable is None else
+                                                   f"its variable's shape is {tf.TensorShape(variable.shape)}"))
     return int(shape[0]), tf.TensorShape([int(d) for d in shape[1:]])

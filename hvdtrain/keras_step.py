@@ -29,6 +29,7 @@ import tensorflow as tf
 from hvdtrain.data.examples import batch_size_of, gather_rows
 from hvdtrain.errors import EveryRankError, HvdtrainError
 from hvdtrain.exchange import Exchange
+from hvdtrain.model.fused_bn import fuse_keras3_batch_norm
 from hvdtrain.runtime.dist import tf_variable
 
 
@@ -394,6 +395,8 @@ def make_keras_steps(model, exchange: GradientExchange, objective: MetricSums, s
         ``eval_step(batch)``: the model's ``test_step`` (the metrics accumulate). Each is traced
         once per local batch size (:func:`per_batch_size`).
     """
+    fuse_keras3_batch_norm(model)  # Keras 3's BatchNormalization through TensorFlow's fused kernel
+
     @tf.function
     def train_step(batch, global_count):
         data = gather_rows(gather_from, batch) if gather_from is not None else batch

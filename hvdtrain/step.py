@@ -19,6 +19,7 @@ from typing import Callable, List, Optional, Tuple
 import tensorflow as tf
 
 from hvdtrain.kerases import is_floating
+from hvdtrain.model.fused_bn import fuse_keras3_batch_norm
 from hvdtrain.task import Objective
 from hvdtrain.precision import DynamicLossScale
 
@@ -106,6 +107,7 @@ def make_train_step(model, optimizer, world_size: int, inputs: StepInputs,
         ``local_gradients(images, labels, global_count)`` is the forward and backward pass of the
         split shapes (for inspection of XLA's IR), None on the default path.
     """
+    fuse_keras3_batch_norm(model)  # Keras 3's BatchNormalization through TensorFlow's fused kernel
     variables = model.trainable_variables
 
     def scaled_loss(images, labels, global_count):

@@ -324,6 +324,20 @@ def test_stream_memory_peak_rss_per_rank(tmp_path):
         assert close(max(streamed) / max(in_memory), number(r["streamed / in memory"]), rel=0.01)
 
 
+def test_user_models_against_plain_horovod(tmp_path):
+    out = script("user_models.py", "--rounds", "1", "--train-examples", "600", tmp_path=tmp_path, timeout=900)
+    (rows,) = tables(out)
+    assert [r["job"] for r in rows] == ["horovod + keras 2 fit", "hvdtrain, keras 2", "hvdtrain, keras 3"]
+    rates = re.search(r"round 1: horovod \+ keras 2 fit ([\d,]+) img/s, hvdtrain, keras 2 ([\d,]+) img/s, "
+                      r"hvdtrain, keras 3 ([\d,]+) img/s", out)
+    assert rates, out
+    horovod, keras2, keras3 = (number(rates.group(i)) for i in (1, 2, 3))
+    by = {r["job"]: r for r in rows}
+    assert number(by["horovod + keras 2 fit"]["/ horovod + keras 2 fit"]) == 1.0
+    assert close(keras3 / horovod, number(by["hvdtrain, keras 3"]["/ horovod + keras 2 fit"]), rel=0.01)
+    assert close(keras3 / keras2, number(by["hvdtrain, keras 3"]["/ hvdtrain, keras 2"]), rel=0.01)
+
+
 def test_deterministic_against_default(tmp_path):
     out = script("deterministic.py", "--np", "2", "--rounds", "1", "--train-examples", "600", tmp_path=tmp_path,
                  timeout=600)

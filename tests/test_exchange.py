@@ -5,7 +5,8 @@ import json
 import pytest
 import tensorflow as tf
 
-from hvdtrain.exchange import BUCKET_CAP_BYTES, bucket_cap_bytes, buckets, dense_bytes, sparse_bytes, table_bytes
+from hvdtrain.exchange import (BUCKET_CAP_BYTES, bucket_cap_bytes, buckets, dense_bytes, sparse_bytes, table_bytes,
+                               wire_sizes)
 from tests.helpers.ranks import run_ranks
 
 
@@ -21,6 +22,23 @@ def test_buckets_run_backwards_one_dtype_each_and_close_at_the_cap():
 def test_a_tensor_of_unknown_size_is_a_bucket_of_its_own():
     sizes = [40, None, 80]
     assert buckets(sizes, [tf.float32] * 3, cap_bytes=10 ** 9) == [[2, 0], [1]]
+
+
+def test_a_dense_gradient_of_unknown_shape_is_sized_by_its_variable_and_as_horovod_receives_it():
+    import horovod.tensorflow as hvd
+
+    variable, sized = tf.Variable(tf.zeros([3, 4])), []
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 4], tf.float32)])
+    def trace(t):
+        sized.append(wire_sizes([t, t, tf.zeros([5], tf.float64)], [variable, None, None], hvd.Compression.fp16))
+        return t
+
+    trace.get_concrete_function()
+    assert sized == [([24, None, 10], [tf.float16] * 3)]  # all three one dtype after compression
+    # bfloat16 travels as float32 (no bfloat16 allreduce in Horovod), unless compressed to float16.
+    assert wire_sizes([tf.zeros([2], tf.bfloat16)], [None], hvd.Compression.none) == ([8], [tf.float32])
+    assert wire_sizes([tf.zeros([2], tf.bfloat16)], [None], hvd.Compression.fp16) == ([4], [tf.float16])
 
 
 def test_the_cap_is_horovods_fusion_threshold_where_that_is_smaller(monkeypatch):
@@ -41,8 +59,9 @@ def test_bytes_per_rank_of_the_two_sparse_exchanges():
     assert table_bytes(8, 1_000_000, 64, 4) == 455_000_000
 
 
-@pytest.mark.parametrize("np_, flags", [(2, []), (3, []), (3, ["--fp16"]), (3, ["--sum", "--float64"])],
-                         ids=["np2", "np3", "np3-fp16", "np3-sum-float64"])
+@pytest.mark.parametrize("np_, flags", [(2, []), (3, []), (3, ["--fp16"]), (3, ["--sum", "--float64"]),
+                                        (3, ["--bfloat16"])],
+                         ids=["np2", "np3", "np3-fp16", "np3-sum-float64", "np3-bfloat16"])
 def test_exchanged_gradients_equal_their_dense_average(np_, flags):
     """Duplicate ids, a rank touching no row, a table the dense allreduce is cheaper for (which must
     hand back only the touched rows), shapes known only from the variables: within 1e-6 of the float64
@@ -51,12 +70,15 @@ def test_exchanged_gradients_equal_their_dense_average(np_, flags):
     reports = [json.loads(line.split(">:", 1)[-1]) for line in result.stdout.splitlines() if '"rank"' in line]
     assert sorted(r["rank"] for r in reports) == list(range(np_))
     for report in reports:
-        # wide: few rows of 20,000 (allgather); narrow: every row of 6 (dense); untouched on rank 1: allgather.
+        # wide: few rows of 20,000 (allgather); narrow: rows 0-4 of 6 (dense); untouched on rank 1: allgather.
         assert report["gathered"] == [True, False, True]
         assert all(report["unique_ids"]), report  # each touched row once, and no other
-        assert set(report["dtypes"]) == {"float64" if "--float64" in flags else "float32", "int64"}, report
+        value_dtype = "float64" if "--float64" in flags else "bfloat16" if "--bfloat16" in flags else "float32"
+        assert set(report["dtypes"]) == {value_dtype, "int64"}, report
         if "--fp16" in flags:
             assert all(1e-6 < gap < 2e-3 for gap in report["gaps"]), report
+        elif "--bfloat16" in flags:  # bfloat16 sums (8 bits of mantissa); Horovod's allreduce has no bfloat16
+            assert max(report["gaps"]) < 2e-2, report
         else:
             assert max(report["gaps"]) < 1e-6, report
     assert len({json.dumps(r["gaps"]) for r in reports}) == 1  # the same result on every rank

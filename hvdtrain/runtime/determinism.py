@@ -2,9 +2,16 @@
 from __future__ import annotations
 
 import os
+import re
 import sys
 
 from hvdtrain.errors import EveryRankError
+
+
+def _horovod_flag_on(value: str) -> bool:
+    """Whether Horovod reads ``value`` as on: its leading integer above 0 (``strtol``, operations.cc)."""
+    match = re.match(r"\s*[+-]?\d+", value)
+    return bool(match) and int(match.group()) > 0
 
 
 def make_deterministic() -> None:
@@ -23,7 +30,7 @@ def make_deterministic() -> None:
     """
     import tensorflow as tf
 
-    if os.environ.get("HOROVOD_AUTOTUNE", "0") not in ("", "0"):
+    if _horovod_flag_on(os.environ.get("HOROVOD_AUTOTUNE", "")):
         raise EveryRankError(f"--deterministic needs the same fused buffers every step, but "
                              f"HOROVOD_AUTOTUNE={os.environ['HOROVOD_AUTOTUNE']} changes Horovod's fusion "
                              f"threshold as it tunes: unset it")

@@ -8,7 +8,7 @@ touch at all, its dense_shape not a constant (the variable's shape stands in); a
 JSON line per rank: each gradient's relative gap to the dense average, the choices, and whether each
 sparse result holds exactly the rows some rank touched, each once.
 
-    horovodrun -np 3 --gloo python tests/workers/exchange_cases.py [--fp16] [--sum] [--float64]
+    horovodrun -np 3 --gloo python tests/workers/exchange_cases.py [--fp16] [--sum] [--float64 | --bfloat16]
 """
 import argparse
 import json
@@ -46,8 +46,9 @@ def main():
     parser.add_argument("--fp16", action="store_true")
     parser.add_argument("--sum", action="store_true")
     parser.add_argument("--float64", action="store_true")
+    parser.add_argument("--bfloat16", action="store_true")
     args = parser.parse_args()
-    dtype = tf.float64 if args.float64 else tf.float32
+    dtype = tf.float64 if args.float64 else tf.bfloat16 if args.bfloat16 else tf.float32
     hvd.init()
     rank, size = hvd.rank(), hvd.size()
     exchange = Exchange(average=not args.sum, compression=hvd.Compression.fp16 if args.fp16 else None)
