@@ -19,6 +19,7 @@ SMOKE=(
   tests/test_cli.py::test_resume_mid_epoch_is_exact
   tests/test_kerases.py
   tests/test_exchange.py
+  tests/model/test_fused_bn.py
   tests/data/test_tfrecord.py
   tests/data/test_folder.py
   tests/data/test_function.py

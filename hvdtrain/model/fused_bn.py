@@ -14,17 +14,19 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from hvdtrain import kerases
 from hvdtrain.model.moving_statistics import sublayers
 
 _MARK = "_hvdtrain_fused_call"
 
 
 def _keras3_batch_norm_class():
-    """Keras 3's ``BatchNormalization``, or None where Keras 3 is not installed."""
-    try:
-        from keras.src.layers.normalization.batch_normalization import BatchNormalization
-    except ImportError:  # pragma: no cover -- Keras 3 comes with TensorFlow 2.16+
+    """Keras 3's ``BatchNormalization``, or None where ``keras`` is not Keras 3 (TensorFlow 2.15's
+    Keras 2 has its own layer, which calls the fused kernel already, at the same module path)."""
+    if not kerases.keras3_installed():
         return None
+    from keras.src.layers.normalization.batch_normalization import BatchNormalization
+
     return BatchNormalization
 
 

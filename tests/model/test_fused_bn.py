@@ -8,8 +8,9 @@ import tensorflow as tf
 from hvdtrain import kerases
 from hvdtrain.model.fused_bn import fuse_keras3_batch_norm
 
-keras = kerases.keras3()
+keras = kerases.keras3() if kerases.keras3_installed() else None
 RNG = np.random.default_rng(0)
+keras3_only = pytest.mark.skipif(keras is None, reason="Keras 3 is not installed (TensorFlow 2.15)")
 
 
 def _pair(shape, **config):
@@ -34,6 +35,7 @@ def _train(layer, x):
     return y, grads
 
 
+@keras3_only
 @pytest.mark.parametrize("shape, config", [((6, 5, 5, 3), {}), ((16, 8), {"momentum": 0.9, "epsilon": 1e-4}),
                                            ((4, 7, 3), {"center": False}), ((5, 2, 3, 4), {"scale": False})],
                          ids=["nhwc", "dense", "sequence", "no-scale"])
@@ -57,6 +59,7 @@ def test_the_fused_call_is_keras_own_to_rounding(shape, config):
     np.testing.assert_allclose(ours(x, training=False), theirs(x, training=False), rtol=1e-5, atol=1e-5)
 
 
+@keras3_only
 def test_a_batch_of_one_has_a_variance_of_zero():
     ours, theirs = _pair((1, 4))
     fuse_keras3_batch_norm(ours)
@@ -65,6 +68,7 @@ def test_a_batch_of_one_has_a_variance_of_zero():
     np.testing.assert_allclose(ours.moving_variance, theirs.moving_variance, rtol=1e-6)
 
 
+@keras3_only
 @pytest.mark.parametrize("case", ["float64", "mask", "axis-1", "small-epsilon", "frozen"])
 def test_what_the_kernel_does_not_cover_is_keras_own_call(case):
     config = {"axis-1": {"axis": 1}, "small-epsilon": {"epsilon": 1e-6}}.get(case, {})
@@ -87,7 +91,23 @@ def test_what_the_kernel_does_not_cover_is_keras_own_call(case):
     assert not any(op.type == "FusedBatchNormV3" for op in both.get_concrete_function(x).graph.get_operations())
 
 
-def test_nested_layers_once_each_and_subclasses_and_keras2_left_alone():
+@pytest.mark.parametrize("package", ["tf.keras", "keras"])
+def test_keras2_layers_are_left_alone(package):
+    """Keras 2 calls the fused kernel itself: tf.keras on both stacks, and ``keras`` on TensorFlow
+    2.15, whose Keras 2 layer sits at Keras 3's module path (``keras.src.layers...``)."""
+    import keras as keras_package
+
+    k = tf.keras if package == "tf.keras" else keras_package
+    if package == "keras" and kerases.keras3_installed():
+        pytest.skip("keras is Keras 3 here (its layers are fused: the tests above)")
+    legacy = k.Sequential([k.Input((4,)), k.layers.BatchNormalization()])
+    call = legacy.layers[0].call
+    assert fuse_keras3_batch_norm(legacy) == 0
+    assert legacy.layers[0].call == call
+
+
+@keras3_only
+def test_nested_layers_once_each_and_subclasses_left_alone():
     class MyNorm(keras.layers.BatchNormalization):
         pass
 
@@ -96,5 +116,3 @@ def test_nested_layers_once_each_and_subclasses_and_keras2_left_alone():
     model = keras.Sequential([keras.Input((4,)), inner, shared, MyNorm(), keras.layers.BatchNormalization()])
     assert fuse_keras3_batch_norm(model) == 2  # shared (held twice) and the last; MyNorm keeps its call
     assert fuse_keras3_batch_norm(model) == 0  # once
-    legacy = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.BatchNormalization()])
-    assert fuse_keras3_batch_norm(legacy) == 0
