@@ -220,9 +220,10 @@ class Exchange:
             row_elements = row_shape.num_elements()
             s = tf.IndexedSlices(tf.reshape(s.values, [-1, *row_shape]), s.indices, s.dense_shape)
             dtype = s.values.dtype
-            gather = sparse_bytes(self.world_size, rows[k], row_elements, _compressed_size(self.compression, dtype),
-                                  8) < table_bytes(self.world_size, table_rows, row_elements,
-                                                   _compressed_size(self.compression, wire_dtype(self.compression, dtype)))
+            gathered_value_bytes = _compressed_size(self.compression, dtype)
+            table_value_bytes = _compressed_size(self.compression, wire_dtype(self.compression, dtype))
+            gather = (sparse_bytes(self.world_size, rows[k], row_elements, gathered_value_bytes, 8)
+                      < table_bytes(self.world_size, table_rows, row_elements, table_value_bytes))
             self.choices.append(gather)
             out.append(tf.cond(gather, lambda s=s: self._allgather(s),
                                lambda s=s, n=table_rows: self._allreduce_table(s, n)))
