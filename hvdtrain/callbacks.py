@@ -43,6 +43,11 @@ class Callback:
         """A save point within an epoch (``Trainer.fit``'s ``save_every``), at ``position``, whose
         ``epoch_sums`` are the epoch's global objective sums so far (:class:`~hvdtrain.task.Objective`)."""
 
+    def on_stop(self, position: TrainPosition) -> None:
+        """Every rank stops at ``position`` (mid-epoch) on a stop signal (SIGTERM, SIGUSR1):
+        write what resumes the run there (:mod:`hvdtrain.runtime.stops`). Called after this
+        step's :meth:`on_save_point`, if it is one."""
+
     def on_epoch_end(self, epoch: int, metrics: dict) -> None: ...
 
     def on_train_end(self) -> None:
@@ -270,6 +275,10 @@ class Checkpointer(Callback):
         if not self.every_steps or position.step % self.every_steps:
             return  # a save point of another kind (an elastic commit)
         self._save(meta={**self.meta, **position.to_meta()})
+
+    def on_stop(self, position):
+        if not self.every_steps or position.step % self.every_steps:  # else on_save_point saved it
+            self._save(meta={**self.meta, **position.to_meta()})
 
     def on_epoch_end(self, epoch, metrics):
         self._save(meta={**self.meta, **TrainPosition(epoch + 1).to_meta(), "metrics": metrics})

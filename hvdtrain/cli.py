@@ -121,7 +121,8 @@ def parse_command_line(argv: Optional[List[str]] = None) -> Tuple[Config, bool]:
 
 def main(argv: Optional[List[str]] = None) -> int:
     """Entry point. Returns the process exit status: 0, or 2 for any error on any rank; exits with 130
-    on Ctrl-C, 143 on SIGTERM (and the watchdog with 3 on a stall)."""
+    on Ctrl-C, 75 on SIGTERM or SIGUSR1 once every rank stopped at one step and it was checkpointed
+    (143 before training), the watchdog with 3 on a stall and 2 on a lost rank (docs/faults.md)."""
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["verify"]:  # hvdtrain verify: N ranks against one process (no launcher needed)
         from hvdtrain.tools.verify import main as verify

@@ -21,12 +21,16 @@ from hvdtrain.errors import (Ending, EveryRankError, FoundHere, HvdtrainError, P
 from hvdtrain.console import say
 from hvdtrain.runtime.dist import DistContext, current_rank
 from hvdtrain.runtime.signals import (Terminated, defer_stop_signals, restore_default_sigterm, sigterm_received,
-                                      stop_exception, stop_requested)
+                                      stop_exception, stop_requested, stop_signal)
+from hvdtrain.runtime.stops import Stopped
 from hvdtrain.runtime.watchdog import Watchdog
 
 EXIT_ERROR = 2
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a process ended by Ctrl-C
-EXIT_TERMINATED = 143  # 128 + SIGTERM: what launchers send on Ctrl-C, and schedulers on scancel or preemption
+EXIT_TERMINATED = 143  # 128 + SIGTERM: stopped by SIGTERM or SIGUSR1 with nothing to resume from yet
+# Stopped by SIGTERM or SIGUSR1 with a complete checkpoint to resume from: sysexits' EX_TEMPFAIL
+# ("try again later"), for a scheduler to requeue on (slurm.conf RequeueExit=75).
+EXIT_STOPPED = 75
 QUIET_EXIT_DELAY_S = 2.0
 
 
@@ -58,9 +62,6 @@ def run_scope(config: Config, watchdog: Watchdog, keep_horovod: bool = False) ->
     Raises:
         RunEnded: when the run fails or is stopped, on every rank, saying how this rank leaves.
     """
-    from hvdtrain.checkpoint import completed_checkpoints  # TensorFlow: imported by the run already
-    from hvdtrain.rundir import checkpoint_dir
-
     scope, ending = RunScope(), None
     try:
         yield scope
@@ -68,8 +69,7 @@ def run_scope(config: Config, watchdog: Watchdog, keep_horovod: bool = False) ->
         # From here on, while this rank reports how it ends, SIGTERM is only recorded.
         defer_stop_signals()
         run_dir = scope.elastic_job.run_dir if scope.elastic_job is not None else scope.run_dir
-        resumable = run_dir if run_dir and completed_checkpoints(checkpoint_dir(config, run_dir)) else None
-        ending = run_ended(e, scope.ctx, watchdog, resumable)
+        ending = run_ended(e, scope.ctx, watchdog, _resumable(config, run_dir))
         raise ending from e
     finally:
         # The run has ended, either way: while it closes its logs, SIGTERM is only recorded (a
@@ -96,7 +96,12 @@ def leave(ended: RunEnded) -> int:
     if ended.ending in (Ending.INTERRUPTED, Ending.TERMINATED):
         if ended.message:
             say(ended.message, sys.stderr)
-        os._exit(EXIT_TERMINATED if ended.ending is Ending.TERMINATED else EXIT_INTERRUPTED)
+        else:  # rank 0 says where to resume: a launcher ends the job at the first rank's exit
+            time.sleep(QUIET_EXIT_DELAY_S)
+        if ended.ending is Ending.INTERRUPTED:
+            os._exit(EXIT_INTERRUPTED)
+        # Every rank of a stop at an agreed step: rank 0 checkpointed it (on its own disk, maybe).
+        os._exit(EXIT_STOPPED if ended.run_dir or isinstance(ended.cause, Stopped) else EXIT_TERMINATED)
     restore_default_sigterm()  # as before the run: a launcher's SIGTERM ends a rank stuck in shutdown
     if ended.ending is Ending.QUIET:
         return quiet_exit()
@@ -170,12 +175,17 @@ def _lost(error: PeerLost) -> RunEnded:
 
 
 def _interrupted(interrupt: KeyboardInterrupt, run_dir: Optional[str]) -> RunEnded:
-    """Ctrl-C or SIGTERM: the rank 0 of now (an elastic job's may not be the launcher's) says where
-    the run can be resumed from."""
+    """Ctrl-C, SIGTERM or SIGUSR1: the rank 0 of now (an elastic job's may not be the launcher's)
+    says where the run can be resumed from."""
     terminated = isinstance(interrupt, Terminated) or sigterm_received()
     message = None
-    if current_rank() == 0:
-        how = "stopped by SIGTERM (a launcher's Ctrl-C, or the scheduler)" if terminated else "interrupted"
+    if current_rank() == 0 and isinstance(interrupt, Stopped):
+        resume = f"--resume --log-dir {run_dir}" if run_dir else "--resume"
+        message = (f"hvdtrain: {interrupt}, every rank there, and checkpointed it: rerun the same command with "
+                   f"{resume} to continue from there (a Slurm job requeued on exit status {EXIT_STOPPED} does)")
+    elif current_rank() == 0:
+        how = f"stopped by {stop_signal() or 'SIGTERM'} (a launcher's Ctrl-C, or the scheduler)" if terminated \
+            else "interrupted"
         resume = (f"rerun the same command with --resume --log-dir {run_dir} to continue from the last one"
                   if run_dir else "nothing was written yet")
         message = f"hvdtrain: {how}; the checkpoints written so far are complete: {resume}"
@@ -191,12 +201,37 @@ def _peer_lost(ctx: DistContext, watchdog: Watchdog, run_dir: Optional[str]) -> 
         return PeerLost(f"rank(s) {sorted(failed)} failed: {'; '.join(failed.values())}", report=False)
     if stopped and not lost:
         return Terminated()
+    return lost_peer(ctx, lost, run_dir, claimed=watchdog.claim_report())
+
+
+def lost_peer(ctx: DistContext, lost: List[int], run_dir: Optional[str], claimed: bool = True) -> PeerLost:
+    """The one error that names the lost ranks ``lost`` (or says a rank was lost, if empty), with
+    where to resume from; rank 0 reports it, or rank 1 if rank 0 was lost, and only the caller
+    that ``claimed`` the report on that rank (:meth:`Watchdog.claim_report`)."""
     who = f"rank {', '.join(map(str, lost))} was lost" if lost else "another rank failed or was lost"
-    report = ctx.is_chief or (0 in lost and ctx.rank == 1)
+    report = claimed and (ctx.is_chief or (0 in lost and ctx.rank == 1))
     resume = (f"Rerun the same command with --resume --log-dir {run_dir} to continue from its last checkpoint"
               if run_dir else "No checkpoint was written yet: rerun the same command to start again")
-    return PeerLost(f"{who} mid-training (its process ended or became unreachable), so Horovod shut down on "
-                    f"every rank. {resume}.", report=report)
+    return PeerLost(f"{who} mid-training (its process ended or became unreachable), so every rank stopped. "
+                    f"{resume}.", report=report)
+
+
+def end_job_on_lost_peer(config: Config, ctx: DistContext, watchdog: Watchdog, scope: RunScope) -> None:
+    """A peer's process that ends without a word ends this rank within seconds, the lost rank
+    named once (:meth:`Watchdog.end_job_on_lost_peer`): also where a collective would never return."""
+    def describe(lost: List[int]):
+        error = lost_peer(ctx, lost, _resumable(config, scope.run_dir))
+        return error.report, f"hvdtrain: error: {error}"
+
+    watchdog.end_job_on_lost_peer(describe)
+
+
+def _resumable(config: Config, run_dir: Optional[str]) -> Optional[str]:
+    """``run_dir`` if it holds a complete checkpoint to ``--resume`` from, else None."""
+    from hvdtrain.checkpoint import completed_checkpoints  # TensorFlow: imported by the run already
+    from hvdtrain.rundir import checkpoint_dir
+
+    return run_dir if run_dir and completed_checkpoints(checkpoint_dir(config, run_dir)) else None
 
 
 def _stopped(ctx: Optional[DistContext], watchdog: Watchdog, interrupt: KeyboardInterrupt,

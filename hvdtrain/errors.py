@@ -91,7 +91,8 @@ class Ending(enum.Enum):
     ALONE = ("prints its own failure and exits with status 2 at once: its peers are mid-collective, "
              "and Horovod's shutdown would wait for them")
     INTERRUPTED = "Ctrl-C: the rank 0 of now says where to resume; every rank exits with status 130 at once"
-    TERMINATED = "SIGTERM: the rank 0 of now says where to resume; every rank exits with status 143 at once"
+    TERMINATED = ("SIGTERM or SIGUSR1: the rank 0 of now says where to resume; every rank exits at once, with "
+                  "status 75 where a checkpoint resumes the run, else 143")
 
 
 class RunEnded(Exception):

@@ -12,7 +12,7 @@ from hvdtrain import recipe_steps as steps
 from hvdtrain.command_line_model import command_line_parts
 from hvdtrain.config import Config
 from hvdtrain.elastic import ElasticJob
-from hvdtrain.ending import run_scope
+from hvdtrain.ending import end_job_on_lost_peer, run_scope
 from hvdtrain.keras_step import separate_random_streams
 from hvdtrain.recipe_steps import Parts
 from hvdtrain.rundir import default_run_dir
@@ -44,8 +44,9 @@ def run(config: Config, parts: Parts = Parts(), keep_horovod: bool = False) -> O
     with run_scope(config, watchdog, keep_horovod) as scope:
         # 1. Init and pin: Horovod up, this process on its own GPU or CPU cores; a stalled peer aborts the job.
         ctx = scope.ctx = steps.init_and_pin(config, watchdog)
-        if not config.elastic.enabled:  # heartbeats to rank 0 name a rank that stalls (elastic: Horovod's driver)
+        if not config.elastic.enabled:  # heartbeats name a rank that stalls or is lost (elastic: Horovod's driver)
             watchdog.connect(ctx)
+            end_job_on_lost_peer(config, ctx, watchdog, scope)
         own_step = None
         parts = command_line_parts(ctx, config, parts) or parts  # --model naming a Keras model object
         if parts.examples is None:

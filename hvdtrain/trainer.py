@@ -17,7 +17,7 @@ from hvdtrain import kerases
 from hvdtrain.data.in_memory import Dataset
 from hvdtrain.data.sharding import ShardPlan, eval_shard
 from hvdtrain.data.stream import PIPELINE_NICE, StreamingDataset, behind_the_step
-from hvdtrain.errors import EveryRankError, HvdtrainError
+from hvdtrain.errors import HvdtrainError
 from hvdtrain.losses import sparse_categorical_crossentropy
 from hvdtrain.metrics import Accuracy
 from hvdtrain.task import Objective, prefixed
@@ -29,18 +29,13 @@ from hvdtrain.runtime.watchdog import Watchdog
 from hvdtrain.position import TrainPosition
 from hvdtrain.step import gathered, make_train_step, streamed, to_model_input
 from hvdtrain.data.examples import StreamedExamples
+from hvdtrain.divergence import checked, diverged, non_finite_counter, saveable
+from hvdtrain.runtime.signals import stop_signal, stops_at_a_step
+from hvdtrain.runtime.stops import StopCheck, Stopped
 from hvdtrain.keras_step import evaluate_locally, own_step_functions, test_rows
 
 
 FIRST_BATCH_MAX_S = 3600.0  # how long the stall check waits for a stream's first batch of an epoch
-
-
-def diverged(what: str) -> EveryRankError:
-    """The error that stops every rank at the same point, where ``what`` was found NaN or infinite
-    (from allreduced values, so every rank finds it alike)."""
-    return EveryRankError(
-        f"training diverged: {what}; every rank stopped there. No diverged state was checkpointed: --resume "
-        f"from the last checkpoint with a smaller --lr or longer --warmup-epochs")
 
 
 class Trainer:
@@ -127,7 +122,7 @@ class Trainer:
             self.train_step, self.local_gradients = make_train_step(model, optimizer, ctx.size, inputs, self.objective,
                                                                     self._sums, loss_scale, xla)
             self.eval_step = self._make_eval_step()
-        self.count_non_finite = self._make_count_non_finite()
+        self.count_non_finite = non_finite_counter(model)
         self._moving_statistics = per_rank_moving_statistics(model)
         self.stopped_after: Optional[int] = None  # the (1-based) epoch a callback stopped training after
         # Non-finite values the model starts with (a -inf mask, say) are its own, not a divergence.
@@ -191,18 +186,6 @@ class Trainer:
             # hvdtrain's step takes (images, labels); a model's own step its whole batch
             yield step, ((batch,) if self.own_step else batch), self.plan.global_batch_size(step, first_example)
 
-    def _make_count_non_finite(self):
-        """A compiled function: the number (int64 scalar) of NaN and infinite values in the model's
-        floating-point variables (weights and moving statistics)."""
-        variables = [v for v in self.model.variables if kerases.is_floating(v)]
-
-        @tf.function(input_signature=[])
-        def count_non_finite():
-            counts = [tf.reduce_sum(tf.cast(tf.logical_not(tf.math.is_finite(v)), tf.int64)) for v in variables]
-            return tf.add_n(counts) if counts else tf.constant(0, tf.int64)
-
-        return count_non_finite
-
     def _update_mean_count(self, step: int) -> float:
         """With gradient accumulation: the mean global batch over the passes of ``step``'s update.
 
@@ -219,24 +202,6 @@ class Trainer:
     def _global_mean(self, local_sums, name: str) -> dict:
         """Allreduce the objective's sums and compute its metrics: exact over all ranks' examples."""
         return self.objective.results(self.ctx.allreduce_sum(np.asarray(local_sums), name=name))
-
-    @staticmethod
-    def _checked(metrics: dict, epoch: int, step: int) -> dict:
-        """Stop every rank at the same step when the global training loss is NaN or infinite.
-
-        The metrics are allreduced, so every rank sees the same value at the same step and raises
-        together. Each step's loss is computed before its update: :meth:`_check_saveable` checks the
-        update before a save.
-
-        Raises:
-            EveryRankError: when the loss is not finite.
-        """
-        # A model's own step may report no "loss" (a GAN's two): then every value it reports.
-        watched = {"loss": metrics["loss"]} if "loss" in metrics else {k: v for k, v in metrics.items() if k != "count"}
-        for name, value in watched.items():
-            if not np.isfinite(value):
-                raise diverged(f"the global training {name} is {value} at epoch {epoch + 1}, step {step + 1}")
-        return metrics
 
     def _sums_and_state(self, name: str):
         """Before a save point or an evaluation: one allreduce of the epoch's objective sums so
@@ -264,23 +229,6 @@ class Trainer:
             variable.assign(mean.reshape(variable.shape).astype(tf.as_dtype(variable.dtype).as_numpy_dtype))
             offset += local.size
         return total[:size], int(total[size])
-
-    def _check_saveable(self, sums, non_finite: int, epoch: int, step: int) -> dict:
-        """Stop every rank alike, before a save after ``step`` (0-based) of ``epoch``, if the global
-        training loss in ``sums`` or any variable (``non_finite``, from :meth:`_sums_and_state`)
-        is NaN or infinite.
-
-        Returns:
-            The training metrics of ``sums`` (:meth:`Objective.results`), when both are finite.
-
-        Raises:
-            EveryRankError: when either is not.
-        """
-        metrics = self._checked(self.objective.results(sums), epoch, step)
-        if non_finite:
-            raise diverged(f"{non_finite:,} value(s) of the model's variables are NaN or infinite at the "
-                           f"check after epoch {epoch + 1}, step {step + 1}")
-        return metrics
 
     def evaluate(self) -> dict:
         """The loss and metrics over the whole test set, each example counted once (a collective)."""
@@ -323,7 +271,7 @@ class Trainer:
         return {k: v for k, v in results.items() if k not in self.objective.extras}  # the training step's
 
     def _write_hook(self, hook: str, *args) -> None:
-        """Call ``hook`` (``on_train_begin``, ``on_save_point``, ``on_epoch_end`` or
+        """Call ``hook`` (``on_train_begin``, ``on_save_point``, ``on_stop``, ``on_epoch_end`` or
         ``on_evaluation_only``: the hooks where rank 0 writes files) on every callback.
 
         With ``agree_on_writes`` (elastic jobs): rank 0's callbacks and the others' local halves
@@ -352,9 +300,16 @@ class Trainer:
             cb.after_agreement()
 
     def _stop_requested(self, epoch: int) -> bool:
-        """Whether a callback on any rank set ``stop_training`` (one small allreduce: every rank stops alike)."""
-        local = any(getattr(cb, "stop_training", False) for cb in self.callbacks)
-        return bool(self.ctx.allreduce_sum([float(local)], name=f"hvdtrain.stop_training.{epoch}")[0] > 0)
+        """Whether a callback on any rank set ``stop_training`` (one small allreduce: every rank stops alike).
+
+        Raises:
+            Stopped: where any rank received a stop signal (the epoch's checkpoint is written).
+        """
+        local = [any(getattr(cb, "stop_training", False) for cb in self.callbacks), stop_signal() is not None]
+        by_callback, by_signal = self.ctx.allreduce_sum(local, name=f"hvdtrain.stop_training.{epoch}") > 0
+        if by_signal:
+            raise Stopped(stop_signal(), f"epoch {epoch + 1}")
+        return bool(by_callback)
 
     # ---- the loop -------------------------------------------------------------------------------
     def fit(self, start: TrainPosition, epochs: int, save_every: Sequence[int] = ()) -> dict:
@@ -380,12 +335,18 @@ class Trainer:
             ValueError: with epochs to train, if the steps per epoch are not a multiple of
                 ``backward_passes_per_step`` (:mod:`hvdtrain.recipe` checks it first, with a clear message).
             EveryRankError: if training diverges (on every rank at the same step).
+            Stopped: on every rank after the same step, once a rank received SIGTERM or SIGUSR1
+                (:mod:`hvdtrain.runtime.stops`), with the checkpoint that resumes there written.
         """
+        with stops_at_a_step():
+            return self._fit(start, epochs, save_every)
+
+    def _fit(self, start: TrainPosition, epochs: int, save_every: Sequence[int]) -> dict:
         metrics, steps = {}, self.plan.steps_per_epoch
         if start.epoch < epochs and steps % self.backward_passes_per_step:
             raise ValueError(f"{steps} steps per epoch are not a multiple of backward_passes_per_step "
                              f"{self.backward_passes_per_step}")
-        save_every = [every for every in save_every if every]
+        save_every, stops = [every for every in save_every if every], StopCheck(self.ctx)
         self._write_hook("on_train_begin", start.epoch, epochs)  # rank 0 may rewrite metrics.jsonl
         for epoch in range(start.epoch, epochs):
             here = start if epoch == start.epoch else TrainPosition(epoch)
@@ -406,19 +367,26 @@ class Trainer:
                 self.watchdog.beat(f"epoch {epoch + 1}, step {step + 1}")
                 running = None
                 if (step + 1) % self.log_every == 0:
-                    running = self._checked(self._global_mean(self._sums.numpy(), "hvdtrain.running"), epoch, step)
-                if any((step + 1) % every == 0 for every in save_every) and step + 1 < steps:
+                    running = checked(self._global_mean(self._sums.numpy(), "hvdtrain.running"), epoch, step)
+                saving = any((step + 1) % every == 0 for every in save_every) and step + 1 < steps
+                # Asked of every rank about once a second, at a step an update ends (mid-epoch).
+                stop = stops.agreed(step + 1 < steps and (step + 1) % self.backward_passes_per_step == 0)
+                if saving or stop:
                     sums, non_finite = self._sums_and_state("hvdtrain.checkpoint_sums")
-                    self._check_saveable(sums, non_finite, epoch, step)  # never save a diverged state
+                    saveable(self.objective, sums, non_finite, epoch, step)  # never save a diverged state
                     position = TrainPosition(epoch, step + 1, self.plan.examples_before(step + 1), sums,
                                              self.objective.layout)
-                    self._write_hook("on_save_point", position)
+                    if saving:
+                        self._write_hook("on_save_point", position)
+                    if stop:
+                        self._write_hook("on_stop", position)
+                        raise Stopped(stop_signal(), f"epoch {epoch + 1}, step {step + 1} of {steps}")
                 for cb in self.callbacks:
                     cb.on_step_end(epoch, step, running)
             sums, non_finite = self._sums_and_state("hvdtrain.train")
             elapsed = time.perf_counter() - began  # up to the epoch's last update and its metrics' allreduce
             # Checked before the evaluation, which NaN weights would spoil.
-            train = self._check_saveable(sums, non_finite, epoch, steps - 1)
+            train = saveable(self.objective, sums, non_finite, epoch, steps - 1)
             test = self.evaluate()
             if not np.isfinite(test.get("loss", 0.0)):  # finite variables, but outputs that overflow
                 raise diverged(f"the global test loss is {test['loss']} after epoch {epoch + 1}")

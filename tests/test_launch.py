@@ -140,4 +140,6 @@ def test_cut_link_ends_every_rank(hosts, tmp_path):
         os.killpg(job.pid, 9)  # the launcher itself may wait long for its lost remote daemon
         job.wait()
     out = log.read_text()
-    assert re.search(r"hvdtrain: error: rank \d made no progress", out), out[-3000:]
+    # The stall watchdog names the silent rank; or, once mpirun signals the ranks on losing its
+    # daemon, rank 0's watchdog finds rank 1's heartbeats stopped and names it lost, sooner.
+    assert len(re.findall(r"hvdtrain: error: rank \d (made no progress|was lost mid-training)", out)) == 1, out[-3000:]

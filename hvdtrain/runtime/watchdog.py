@@ -16,6 +16,17 @@ killed or cut off. On a timeout, rank 0 names the ranks whose heartbeats stopped
 stuck outside any collective (e.g. reading data); the other ranks leave the message to rank 0
 (or report rank 0 itself, if its heartbeats stopped). Horovod's own stall inspector is set to warn
 at half the timeout, when its coordinator can still run.
+
+A lost rank (``kill -9``, the out-of-memory killer, a crash) ends the job within seconds, whatever
+the launcher does: under MPI a collective whose peer is gone may never return, and Slurm's srun
+signals the remaining tasks but waits its ``KillWait`` (30 s by default) before killing ranks
+that cannot act on a signal from inside that collective. So the watchdog thread itself ends this
+rank (:meth:`Watchdog.end_job_on_lost_peer`) once a peer is gone without having said why (every
+rank says so before it exits: done, stopped, or failed with its own error): a peer on this host
+as soon as its process has ended, a peer on another host when its heartbeats have stopped for
+:attr:`Watchdog.SILENT_AFTER_SIGNAL_S` seconds after a signal reached this process (a launcher
+ending the job signals every rank; :func:`hvdtrain.runtime.signals.signal_arrived`). Rank 0 prints
+the one line that names the lost rank (rank 1 when rank 0 was lost); the other ranks leave quietly.
 """
 from __future__ import annotations
 
@@ -28,12 +39,15 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 from hvdtrain.runtime.dist import current_collective
 from hvdtrain.runtime.placement import machine_id
+from hvdtrain.runtime.signals import signal_arrived
 
 EXIT_STALLED = 3
+EXIT_PEER_LOST = 2  # an error, as hvdtrain's others
 
 
 _FAILED = "FAILED: "
 _STOPPED = "STOPPED"
+_DONE = "DONE"  # this rank has left the run's collectives: its exit is no loss
 
 
 def _host_id() -> str:
@@ -87,6 +101,8 @@ class Watchdog:
     SILENT_AFTER_S = 5.0
     # A non-chief rank that timed out waits this long for rank 0's message before printing its own.
     DEFER_TO_CHIEF_S = 5.0
+    # Once a signal has reached this rank, a peer on another host silent this long is lost (seconds).
+    SILENT_AFTER_SIGNAL_S = 3.0
 
     def __init__(self, rank: Callable[[], int], timeout_s: float, poll_s: float = 1.0):
         self._rank_now, self.timeout_s, self.poll_s = rank, float(timeout_s), poll_s
@@ -100,8 +116,10 @@ class Watchdog:
         self._heard: Dict[int, Tuple[float, str, str]] = {}  # rank -> (when heard, last progress, collective)
         self._local_pids: Dict[int, int] = {}
         self._failed = ""
-        self._stopped = False
+        self._leaving = ""  # _STOPPED or _DONE, once this rank says so
         self._ever_heard: set = set()
+        self._describe_lost: Optional[Callable[[List[int]], Tuple[bool, str]]] = None
+        self._report_claimed = threading.Lock()
 
     @property
     def rank(self) -> int:
@@ -158,10 +176,28 @@ class Watchdog:
         self._where = where
         self._last = time.monotonic() + max_s  # one assignment: read whole by the watchdog thread
 
+    def end_job_on_lost_peer(self, describe: Callable[[List[int]], Tuple[bool, str]]) -> None:
+        """From now on, a peer that is gone without having said why ends this rank at once (see
+        the module's docstring), with exit status :data:`EXIT_PEER_LOST`.
+
+        Args:
+            describe: given the lost ranks, returns ``(report, line)``: whether this rank prints
+                ``line`` (the one that names them). Called in the watchdog thread.
+        """
+        self._describe_lost = describe
+
+    def claim_report(self) -> bool:
+        """Whether this caller is the first (and only) one to report a lost peer on this rank:
+        the watchdog thread and the main thread may both find it."""
+        return self._report_claimed.acquire(blocking=False)
+
     def close(self) -> None:
-        """Stop watching (call in ``finally``)."""
+        """Stop watching (call in ``finally``); the peers learn that this rank's exit is no loss."""
         self._stop.set()
         if self._sock is not None:
+            if not self._failed:
+                self._leaving = self._leaving or _DONE
+                self._exchange()
             self._sock.close()
             self._sock = None
 
@@ -173,7 +209,7 @@ class Watchdog:
 
     def report_stopped(self) -> None:
         """Tell the peers this rank is stopping on purpose (Ctrl-C, SIGTERM): neither failed nor lost."""
-        self._stopped = True
+        self._leaving = _STOPPED
         self._exchange()
 
     def lost_peers(self, wait_s: float = 1.5) -> Tuple[Dict[int, str], List[int], List[int]]:
@@ -195,8 +231,8 @@ class Watchdog:
             heard = list(self._heard.items())
             failed = {r: collective[len(_FAILED):] for r, (_, _, collective) in heard if collective.startswith(_FAILED)}
             stopped = sorted(r for r, (_, _, collective) in heard if collective == _STOPPED)
-            lost = sorted(r for r, (when, _, _) in heard
-                          if r not in failed and r not in stopped
+            lost = sorted(r for r, (when, _, collective) in heard
+                          if r not in failed and r not in stopped and collective != _DONE
                           and (not _process_alive(self._local_pids[r]) if r in self._local_pids
                                else r in self._ever_heard and now - when > wait_s))
             if failed or lost or len(stopped) == len(heard) or now >= deadline:
@@ -209,7 +245,7 @@ class Watchdog:
         sock = self._sock
         if sock is None:
             return
-        state = _FAILED + self._failed if self._failed else _STOPPED if self._stopped else (current_collective() or "")
+        state = _FAILED + self._failed if self._failed else self._leaving or current_collective() or ""
         fields = [self._token, str(self.rank), _one_line(self._where), _one_line(state)]
         message = "\t".join(fields).encode()[:1400]
         for target in self._targets:
@@ -246,10 +282,37 @@ class Watchdog:
             return "; ".join(culprits)
         return "no rank identified (every rank that reports is waiting in a collective: one may have skipped it)"
 
+    def _gone(self) -> Tuple[List[int], List[int]]:
+        """``(lost, failed)``: the peers gone without a word, and those gone after reporting their own error."""
+        now, arrived = time.monotonic(), signal_arrived()
+        quick = arrived is not None and now - arrived > self.SILENT_AFTER_SIGNAL_S
+        lost, failed = [], []
+        for r, (when, _, state) in sorted(self._heard.items()):
+            if state in (_STOPPED, _DONE):
+                continue
+            if (not _process_alive(self._local_pids[r]) if r in self._local_pids
+                    else quick and r in self._ever_heard and now - when > self.SILENT_AFTER_SIGNAL_S):
+                (failed if state.startswith(_FAILED) else lost).append(r)
+        return lost, failed
+
+    def _end_if_a_peer_is_gone(self) -> None:
+        lost, failed = self._gone()
+        if not (lost or failed) or not self.claim_report():
+            return  # or the main thread reports it
+        if lost:
+            report, line = self._describe_lost(lost)
+            if report:
+                sys.stderr.write(line + "\n")
+                sys.stderr.flush()
+        self.report_failure(f"rank(s) {lost or failed} gone")  # the peers leave quietly
+        os._exit(EXIT_PEER_LOST)
+
     def _watch(self) -> None:
         while not self._stop.wait(self.poll_s):
             try:
                 self._exchange()
+                if self._describe_lost is not None:
+                    self._end_if_a_peer_is_gone()
             except Exception:  # noqa: BLE001 -- heartbeats are best effort; the stall check must go on
                 pass
             idle = time.monotonic() - self._last
@@ -271,6 +334,7 @@ class Watchdog:
                 f"Stalled: {self._diagnosis()}. Aborting every rank; resume from the last checkpoint with "
                 f"--resume.\n")
             sys.stderr.flush()
+            self.report_failure("stalled")  # the peers leave quietly
             os._exit(EXIT_STALLED)
 
     def _chief_alive(self) -> bool:

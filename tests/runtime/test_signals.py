@@ -1,7 +1,10 @@
-"""Stop signals: the first SIGTERM raises, except where a rank already reports how it ends."""
+"""Stop signals: the first SIGTERM or SIGUSR1 raises, except where a rank already reports how it
+ends, and inside the training loop, which stops every rank at one step (test_slurm.py, test_cli.py)."""
 import os
 import signal
 import sys
+import threading
+import time
 
 import pytest
 
@@ -10,13 +13,13 @@ from hvdtrain.runtime import signals
 
 @pytest.fixture
 def handlers():
-    saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
-    state = (signals._received, signals._interrupted, signals._raise)
+    saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)}
+    state = (signals._received, signals._interrupted, signals._raise, signals._arrived_at)
     signals.install_stop_handlers()
     yield
     for s, h in saved.items():
         signal.signal(s, h)
-    signals._received, signals._interrupted, signals._raise = state
+    signals._received, signals._interrupted, signals._raise, signals._arrived_at = state
 
 
 def test_the_first_sigterm_raises_and_later_ones_are_recorded(handlers):
@@ -25,6 +28,35 @@ def test_the_first_sigterm_raises_and_later_ones_are_recorded(handlers):
     os.kill(os.getpid(), signal.SIGTERM)  # recorded, not raised
     assert signals.sigterm_received() and signals.stop_requested()
     assert isinstance(signals.stop_exception(), signals.Terminated)
+
+
+def test_sigusr1_stops_as_sigterm_does_and_its_name_is_kept(handlers):
+    with pytest.raises(signals.Terminated):
+        os.kill(os.getpid(), signal.SIGUSR1)
+    os.kill(os.getpid(), signal.SIGTERM)
+    assert signals.stop_signal() == "SIGUSR1" and signals.sigterm_received()
+
+
+def test_inside_the_training_loop_a_stop_signal_is_only_recorded_and_ctrl_c_still_raises(handlers):
+    with signals.stops_at_a_step():
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert signals.stop_signal() == "SIGTERM"
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+
+
+def test_the_wakeup_socket_tells_any_thread_that_a_signal_arrived(handlers):
+    """The watchdog thread reads it: the main thread may never return to Python to run the handler."""
+    signals._arrived_at = None
+    signals.signal_arrived()  # drains what earlier tests left
+    signals._arrived_at = None
+    with signals.stops_at_a_step():
+        os.kill(os.getpid(), signal.SIGUSR1)
+    seen = []
+    thread = threading.Thread(target=lambda: seen.append(signals.signal_arrived()))
+    thread.start()
+    thread.join()
+    assert seen[0] is not None and seen[0] <= time.monotonic()
 
 
 def test_after_defer_stop_signals_nothing_raises(handlers):
