@@ -278,9 +278,10 @@ class Trainer:
         (the commit's save) first, then every rank agrees on the outcome of rank 0's writes (one
         small allreduce), then :meth:`Callback.after_agreement`. An error in rank 0's writes (a
         full disk, say) then stops every rank together, instead of each new rank 0 meeting it in
-        turn after a reset.
+        turn after a reset. The stop's checkpoint (``on_stop``) is always agreed on: the other
+        ranks exit right after it, and a launcher then ends rank 0, which must have written it.
         """
-        if not self.agree_on_writes:
+        if not (self.agree_on_writes or hook == "on_stop"):
             for cb in self.callbacks:
                 getattr(cb, hook)(*args)
             return

@@ -194,6 +194,8 @@ class Watchdog:
     def close(self) -> None:
         """Stop watching (call in ``finally``); the peers learn that this rank's exit is no loss."""
         self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=5 * self.poll_s)  # its last heartbeat must not follow the final one
         if self._sock is not None:
             if not self._failed:
                 self._leaving = self._leaving or _DONE
@@ -260,8 +262,11 @@ class Watchdog:
                 return
             fields = data.decode(errors="replace").split("\t", 3)
             if len(fields) == 4 and fields[0] == self._token and fields[1].isdigit() and int(fields[1]) in self._heard:
-                self._heard[int(fields[1])] = (time.monotonic(), fields[2], fields[3])
-                self._ever_heard.add(int(fields[1]))
+                rank, said = int(fields[1]), self._heard[int(fields[1])][2]
+                if said in (_DONE, _STOPPED) or said.startswith(_FAILED):  # final: a late packet cannot undo it
+                    fields[3] = said
+                self._heard[rank] = (time.monotonic(), fields[2], fields[3])
+                self._ever_heard.add(rank)
 
     def _diagnosis(self) -> str:
         """Which ranks stalled, from the heartbeats: silent ones, and ones stuck outside a collective."""
@@ -297,6 +302,9 @@ class Watchdog:
 
     def _end_if_a_peer_is_gone(self) -> None:
         lost, failed = self._gone()
+        if lost:  # its final heartbeat may have arrived since this poll's exchange
+            self._exchange()
+            lost, failed = self._gone()
         if not (lost or failed) or not self.claim_report():
             return  # or the main thread reports it
         if lost:
