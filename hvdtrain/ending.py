@@ -27,9 +27,9 @@ from hvdtrain.runtime.watchdog import Watchdog
 
 EXIT_ERROR = 2
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports a process ended by Ctrl-C
-EXIT_TERMINATED = 143  # 128 + SIGTERM: stopped by SIGTERM or SIGUSR1 with nothing to resume from yet
-# Stopped by SIGTERM or SIGUSR1 with a complete checkpoint to resume from: sysexits' EX_TEMPFAIL
-# ("try again later"), for a scheduler to requeue on (slurm.conf RequeueExit=75).
+EXIT_TERMINATED = 143  # 128 + SIGTERM: stopped by SIGTERM or SIGUSR1 outside training (no step to stop after)
+# Every rank stopped after one step, checkpointed (Stopped): sysexits' EX_TEMPFAIL ("try again
+# later"), for a scheduler to requeue on (slurm.conf RequeueExit=75). Decided alike on every rank.
 EXIT_STOPPED = 75
 QUIET_EXIT_DELAY_S = 2.0
 
@@ -100,8 +100,8 @@ def leave(ended: RunEnded) -> int:
             time.sleep(QUIET_EXIT_DELAY_S)
         if ended.ending is Ending.INTERRUPTED:
             os._exit(EXIT_INTERRUPTED)
-        # Every rank of a stop at an agreed step: rank 0 checkpointed it (on its own disk, maybe).
-        os._exit(EXIT_STOPPED if ended.run_dir or isinstance(ended.cause, Stopped) else EXIT_TERMINATED)
+        # Stopped is raised on every rank at once (not a rank's own view of its disk): one status.
+        os._exit(EXIT_STOPPED if isinstance(ended.cause, Stopped) else EXIT_TERMINATED)
     restore_default_sigterm()  # as before the run: a launcher's SIGTERM ends a rank stuck in shutdown
     if ended.ending is Ending.QUIET:
         return quiet_exit()
@@ -205,9 +205,15 @@ def _peer_lost(ctx: DistContext, watchdog: Watchdog, run_dir: Optional[str]) -> 
 
 
 def lost_peer(ctx: DistContext, lost: List[int], run_dir: Optional[str], claimed: bool = True) -> PeerLost:
-    """The one error that names the lost ranks ``lost`` (or says a rank was lost, if empty), with
-    where to resume from; rank 0 reports it, or rank 1 if rank 0 was lost, and only the caller
-    that ``claimed`` the report on that rank (:meth:`Watchdog.claim_report`)."""
+    """The one error that names the lost ranks, with where to resume from.
+
+    Args:
+        ctx: this rank's job.
+        lost: the ranks whose processes ended without a word (empty: "another rank").
+        run_dir: the run directory that holds a complete checkpoint, or None.
+        claimed: whether the caller won this rank's one report (:meth:`Watchdog.claim_report`):
+            rank 0 reports, or rank 1 if rank 0 was lost, and only the caller that claimed it.
+    """
     who = f"rank {', '.join(map(str, lost))} was lost" if lost else "another rank failed or was lost"
     report = claimed and (ctx.is_chief or (0 in lost and ctx.rank == 1))
     resume = (f"Rerun the same command with --resume --log-dir {run_dir} to continue from its last checkpoint"
@@ -218,7 +224,14 @@ def lost_peer(ctx: DistContext, lost: List[int], run_dir: Optional[str], claimed
 
 def end_job_on_lost_peer(config: Config, ctx: DistContext, watchdog: Watchdog, scope: RunScope) -> None:
     """A peer's process that ends without a word ends this rank within seconds, the lost rank
-    named once (:meth:`Watchdog.end_job_on_lost_peer`): also where a collective would never return."""
+    named once (:meth:`Watchdog.end_job_on_lost_peer`): also where a collective would never return.
+
+    Args:
+        config: the run's settings (where its checkpoints are).
+        ctx: this rank's job.
+        watchdog: this rank's watchdog, already connected to its peers.
+        scope: the running recipe (its run directory, once known).
+    """
     def describe(lost: List[int]):
         error = lost_peer(ctx, lost, _resumable(config, scope.run_dir))
         return error.report, f"hvdtrain: error: {error}"

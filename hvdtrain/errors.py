@@ -90,9 +90,11 @@ class Ending(enum.Enum):
     QUIET = "leaves the message to another rank and exits with status 2 after a pause"
     ALONE = ("prints its own failure and exits with status 2 at once: its peers are mid-collective, "
              "and Horovod's shutdown would wait for them")
-    INTERRUPTED = "Ctrl-C: the rank 0 of now says where to resume; every rank exits with status 130 at once"
-    TERMINATED = ("SIGTERM or SIGUSR1: the rank 0 of now says where to resume; every rank exits at once, with "
-                  "status 75 where a checkpoint resumes the run, else 143")
+    INTERRUPTED = ("Ctrl-C: the rank 0 of now says where to resume; every rank exits with status 130 without "
+                   "Horovod's shutdown (the others after a pause that lets rank 0 print)")
+    TERMINATED = ("SIGTERM or SIGUSR1: the rank 0 of now says where to resume; every rank exits without "
+                  "Horovod's shutdown (the others after a pause that lets rank 0 print), with status 75 after "
+                  "a stop at an agreed step (checkpointed), else 143")
 
 
 class RunEnded(Exception):

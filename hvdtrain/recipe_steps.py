@@ -295,7 +295,7 @@ def make_trainer(ctx: DistContext, config: Config, data: RankData, model, optimi
 
     Args:
         elastic: an elastic job: the ranks agree on the outcome of rank 0's writes (a new rank 0
-            after a reset must know).
+            after a reset must know), and a signal ends a worker at once (Horovod's driver resets the others).
         own_step: a Keras model object's :class:`~hvdtrain.keras_recipe.OwnStep`: its own step trains.
     """
     watchdog.beat("the first training step")
@@ -303,7 +303,7 @@ def make_trainer(ctx: DistContext, config: Config, data: RankData, model, optimi
                    eval_batch_size=config.eval_batch_size, callbacks=callbacks, watchdog=watchdog,
                    backward_passes_per_step=config.optim.backward_passes_per_step,
                    agree_on_writes=elastic, loss_scale=loss_scale, xla=config.compute.xla, objective=data.objective,
-                   pipeline_nice=config.runtime.pipeline_nice, own_step=own_step)
+                   pipeline_nice=config.runtime.pipeline_nice, own_step=own_step, stop_on_signal=not elastic)
 
 
 def save_result(ctx: DistContext, config: Config, trainer: Trainer, metrics: dict, model, run_dir: str,

@@ -59,6 +59,9 @@ class Trainer:
         watchdog: told of every finished step; aborts the rank if progress stops.
         agree_on_writes: every rank agrees on the outcome of rank 0's checkpoint and log writes
             before the other callbacks finish (elastic jobs; see :meth:`_write_hook`).
+        stop_on_signal: SIGTERM and SIGUSR1 stop every rank after the same step, checkpointed
+            (:meth:`fit`); False for elastic jobs, whose driver ends a worker with SIGTERM to reset
+            the others: there the signal ends the rank at once, as without hvdtrain.
         backward_passes_per_step: the optimizer's gradient accumulation K (steps per update); the
             plan's steps per epoch must be a multiple of it.
         loss_scale: for ``--precision fp16``, the :class:`~hvdtrain.precision.DynamicLossScale`
@@ -84,13 +87,13 @@ class Trainer:
                  watchdog: Optional[Watchdog] = None, agree_on_writes: bool = False,
                  backward_passes_per_step: int = 1, loss_scale: Optional[DynamicLossScale] = None,
                  xla: bool = False, objective: Optional[Objective] = None, pipeline_nice: int = PIPELINE_NICE,
-                 own_step=None):
+                 own_step=None, stop_on_signal: bool = True):
         kerases.choose(0, model=model, optimizer=optimizer)  # one Keras: Horovod's wrapper matches the optimizer's
         self.ctx, self.model, self.optimizer, self.plan = ctx, model, optimizer, plan
         self.backward_passes_per_step = backward_passes_per_step
         self.loss_scale = loss_scale
         self.objective = objective or Objective(sparse_categorical_crossentropy(), [Accuracy()])
-        self.agree_on_writes = agree_on_writes
+        self.agree_on_writes, self.stop_on_signal = agree_on_writes, stop_on_signal
         self.watchdog = watchdog or Watchdog(lambda: ctx.rank, timeout_s=0)
         self.log_every, self.eval_batch_size = log_every, eval_batch_size
         self.pipeline_nice = pipeline_nice
@@ -306,7 +309,8 @@ class Trainer:
         Raises:
             Stopped: where any rank received a stop signal (the epoch's checkpoint is written).
         """
-        local = [any(getattr(cb, "stop_training", False) for cb in self.callbacks), stop_signal() is not None]
+        signalled = self.stop_on_signal and stop_signal() is not None
+        local = [any(getattr(cb, "stop_training", False) for cb in self.callbacks), signalled]
         by_callback, by_signal = self.ctx.allreduce_sum(local, name=f"hvdtrain.stop_training.{epoch}") > 0
         if by_signal:
             raise Stopped(stop_signal(), f"epoch {epoch + 1}")
@@ -336,18 +340,21 @@ class Trainer:
             ValueError: with epochs to train, if the steps per epoch are not a multiple of
                 ``backward_passes_per_step`` (:mod:`hvdtrain.recipe` checks it first, with a clear message).
             EveryRankError: if training diverges (on every rank at the same step).
-            Stopped: on every rank after the same step, once a rank received SIGTERM or SIGUSR1
-                (:mod:`hvdtrain.runtime.stops`), with the checkpoint that resumes there written.
+            Stopped: with ``stop_on_signal``, on every rank after the same step, once a rank
+                received SIGTERM or SIGUSR1 (:mod:`hvdtrain.runtime.stops`), with the checkpoint
+                that resumes there written.
         """
+        if not self.stop_on_signal:
+            return self._fit(start, epochs, save_every, None)
         with stops_at_a_step():
-            return self._fit(start, epochs, save_every)
+            return self._fit(start, epochs, save_every, StopCheck(self.ctx))
 
-    def _fit(self, start: TrainPosition, epochs: int, save_every: Sequence[int]) -> dict:
+    def _fit(self, start: TrainPosition, epochs: int, save_every: Sequence[int], stops: Optional[StopCheck]) -> dict:
         metrics, steps = {}, self.plan.steps_per_epoch
         if start.epoch < epochs and steps % self.backward_passes_per_step:
             raise ValueError(f"{steps} steps per epoch are not a multiple of backward_passes_per_step "
                              f"{self.backward_passes_per_step}")
-        save_every, stops = [every for every in save_every if every], StopCheck(self.ctx)
+        save_every = [every for every in save_every if every]
         self._write_hook("on_train_begin", start.epoch, epochs)  # rank 0 may rewrite metrics.jsonl
         for epoch in range(start.epoch, epochs):
             here = start if epoch == start.epoch else TrainPosition(epoch)
@@ -371,7 +378,8 @@ class Trainer:
                     running = checked(self._global_mean(self._sums.numpy(), "hvdtrain.running"), epoch, step)
                 saving = any((step + 1) % every == 0 for every in save_every) and step + 1 < steps
                 # Asked of every rank about once a second, at a step an update ends (mid-epoch).
-                stop = stops.agreed(step + 1 < steps and (step + 1) % self.backward_passes_per_step == 0)
+                stop = stops is not None and stops.agreed(step + 1 < steps
+                                                          and (step + 1) % self.backward_passes_per_step == 0)
                 if saving or stop:
                     sums, non_finite = self._sums_and_state("hvdtrain.checkpoint_sums")
                     saveable(self.objective, sums, non_finite, epoch, step)  # never save a diverged state

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from tests.helpers.ranks import run_ranks
-from tests.helpers.slurm import job, rank_pids, slurm_unavailable, submit, wait_for
+from tests.helpers.slurm import SUBMITTED, job, rank_pids, slurm_unavailable, submit, wait_for
 
 REASON = slurm_unavailable()
 pytestmark = pytest.mark.skipif(bool(REASON), reason=str(REASON))
@@ -23,6 +23,14 @@ RESULT_KEYS = ("epoch", "train_loss", "train_accuracy", "test_loss", "test_accur
                "world_size")
 LONG = ["--dataset", "synthetic", "--model", "tests.helpers.models:mlp", "--epochs", "100000", "--batch-size", "32",
         "--no-progress", "--threads", "1"]
+
+
+@pytest.fixture(autouse=True)
+def cancel_left_jobs():
+    """A test that fails leaves no job behind to hold the one node from the next tests."""
+    yield
+    while SUBMITTED:
+        subprocess.run(["scancel", SUBMITTED.pop()], capture_output=True, timeout=60)
 
 
 def results(run_dir):
@@ -116,3 +124,23 @@ def test_a_signal_stops_every_rank_at_one_step_and_the_requeued_job_ends_as_the_
     assert out.count("run:   ") == 2 and resumed in again, out[-4000:]
     assert results(run_dir)[-1] == results(reference)[-1]
     assert printed_results(out)[-1] == printed_results(reference_out)[-1]
+
+
+def test_a_job_requeued_before_its_checkpoint_directory_starts_over(tmp_path, fashion_slice_job,
+                                                                    fashion_slice_gloo_metrics):
+    """Preempted (``scontrol requeue``) before its first run made the checkpoint directory: the
+    requeued job adds no --resume, which would refuse a directory that is not there, and trains
+    from the beginning to the uninterrupted run's result."""
+    run_dir = tmp_path / "run"
+    job_id = submit([*fashion_slice_job, "--log-dir", run_dir], "srun", tmp_path / "job.out")
+    deadline = time.time() + 600  # its wait in the queue too
+    while job(job_id).get("JobState") != "RUNNING" and time.time() < deadline:
+        time.sleep(0.05)
+    subprocess.run(["scontrol", "requeue", job_id], check=True)
+    made = (run_dir / "checkpoints").exists()  # almost never: the first run is still starting
+    fields = wait_for(job_id, timeout=600)
+    out = (tmp_path / "job.out").read_text()
+    assert fields["Restarts"] == "1" and fields["JobState"] == "COMPLETED" and fields["ExitCode"] == "0:0", out[-3000:]
+    assert made or "--resume" not in out, out[-3000:]
+    (last,) = results(run_dir)
+    assert last == {k: fashion_slice_gloo_metrics[k] for k in RESULT_KEYS}

@@ -34,6 +34,7 @@ class Terminated(KeyboardInterrupt):
 
 
 _received: Optional[str] = None  # the first stop signal's name
+_held = False  # the first stop signal came inside stops_at_a_step: recorded, raised nowhere
 _interrupted = False
 _raise = True
 _at_a_step = False
@@ -49,9 +50,11 @@ def _may_raise(frame) -> bool:
 
 
 def _on_stop_signal(signum, frame):
-    global _received, _raise
-    _received = _received or signal.Signals(signum).name
+    global _received, _raise, _held
+    if _received is None:
+        _received, _held = signal.Signals(signum).name, _at_a_step
     if _may_raise(frame) and not _at_a_step:
+        _held = False
         _raise = False
         raise Terminated()
 
@@ -89,10 +92,14 @@ def stops_at_a_step() -> Iterator[None]:
     """Inside, SIGTERM and SIGUSR1 are only recorded (:func:`stop_signal`): the training loop
     stops every rank after the same step (:class:`hvdtrain.runtime.stops.StopCheck`). A signal
     that came before is acted on there too. Ctrl-C still raises at once."""
-    global _at_a_step
+    global _at_a_step, _raise
     _at_a_step = True
     try:
         yield
+    except BaseException:
+        if _received is not None:  # a stop on its way out: a second signal must not replace it
+            _raise = False
+        raise
     finally:
         _at_a_step = False
 
@@ -136,10 +143,12 @@ def sigterm_received() -> bool:
 
 
 def stop_requested() -> bool:
-    """Returns whether SIGTERM, SIGUSR1 or Ctrl-C has arrived. After any, whatever the run raises
-    ends it as that stop: the interrupt may have cut into TensorFlow (a save, an op's error) and
-    come out as another exception."""
-    return _received is not None or _interrupted
+    """Returns whether Ctrl-C, or a SIGTERM or SIGUSR1 that was not only held by
+    :func:`stops_at_a_step`, has arrived. After any, whatever the run raises ends it as that stop:
+    the interrupt may have cut into TensorFlow (a save, an op's error) and come out as another
+    exception. A held signal cuts into nothing: an error after it is an error (a full disk while
+    the stop's checkpoint is written)."""
+    return (_received is not None and not _held) or _interrupted
 
 
 def stop_exception() -> KeyboardInterrupt:

@@ -307,13 +307,15 @@ class Watchdog:
             lost, failed = self._gone()
         if not (lost or failed) or not self.claim_report():
             return  # or the main thread reports it
-        if lost:
-            report, line = self._describe_lost(lost)
-            if report:
-                sys.stderr.write(line + "\n")
-                sys.stderr.flush()
-        self.report_failure(f"rank(s) {lost or failed} gone")  # the peers leave quietly
-        os._exit(EXIT_PEER_LOST)
+        try:  # claimed: whatever fails here (a closed stderr), this rank must still end
+            if lost:
+                report, line = self._describe_lost(lost)
+                if report:
+                    sys.stderr.write(line + "\n")
+                    sys.stderr.flush()
+            self.report_failure(f"rank(s) {lost or failed} gone")  # the peers leave quietly
+        finally:
+            os._exit(EXIT_PEER_LOST)
 
     def _watch(self) -> None:
         while not self._stop.wait(self.poll_s):

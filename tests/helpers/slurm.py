@@ -13,6 +13,7 @@ from tests.helpers.ranks import REPO, rank_env
 
 SBATCH = REPO / "launch" / "slurm.sbatch"
 VENV = os.path.dirname(os.path.dirname(sys.executable))
+SUBMITTED: List[str] = []  # the job ids submit() made, for a test's teardown to cancel
 DONE = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED", "BOOT_FAIL",
         "DEADLINE")
 
@@ -39,13 +40,15 @@ def slurm_unavailable() -> Optional[str]:
 
 def submit(args: List[str], launcher: str, output, extra_env: Optional[dict] = None, sbatch_args=()) -> str:
     """``sbatch launch/slurm.sbatch`` at 2 tasks on 1 node, 1 CPU each, no GPU, with hvdtrain's
-    ``args`` (the script's ARGS) and ``launcher`` (srun or mpirun); returns the job id."""
+    ``args`` (the script's ARGS) and ``launcher`` (srun or mpirun); returns the job id (also kept
+    in :data:`SUBMITTED`)."""
     env = rank_env({"VENV": VENV, "ARGS": " ".join(map(str, args)), "LAUNCHER": launcher, **(extra_env or {})})
     result = subprocess.run(["sbatch", "--parsable", "--nodes=1", "--ntasks-per-node=2", "--cpus-per-task=1",
                              "--gpus-per-node=0", "--time=10", f"--chdir={REPO}", f"--output={output}",
                              *sbatch_args, str(SBATCH)], env=env, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
-    return result.stdout.strip().split(";")[0]
+    SUBMITTED.append(result.stdout.strip().split(";")[0])
+    return SUBMITTED[-1]
 
 
 def job(job_id: str) -> Dict[str, str]:

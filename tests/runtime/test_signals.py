@@ -14,12 +14,12 @@ from hvdtrain.runtime import signals
 @pytest.fixture
 def handlers():
     saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)}
-    state = (signals._received, signals._interrupted, signals._raise, signals._arrived_at)
+    state = (signals._received, signals._held, signals._interrupted, signals._raise, signals._arrived_at)
     signals.install_stop_handlers()
     yield
     for s, h in saved.items():
         signal.signal(s, h)
-    signals._received, signals._interrupted, signals._raise, signals._arrived_at = state
+    signals._received, signals._held, signals._interrupted, signals._raise, signals._arrived_at = state
 
 
 def test_the_first_sigterm_raises_and_later_ones_are_recorded(handlers):
@@ -43,6 +43,28 @@ def test_inside_the_training_loop_a_stop_signal_is_only_recorded_and_ctrl_c_stil
         assert signals.stop_signal() == "SIGTERM"
         with pytest.raises(KeyboardInterrupt):
             os.kill(os.getpid(), signal.SIGINT)
+
+
+def test_an_error_after_a_held_signal_is_an_error_and_a_second_signal_cannot_replace_it(handlers):
+    """A signal held by the loop cut into nothing: what the loop raises next (a full disk as the
+    stop's checkpoint is written) ends the run as that error, not as a stop, and a second signal
+    while it propagates is only recorded."""
+    with pytest.raises(OSError):
+        with signals.stops_at_a_step():
+            os.kill(os.getpid(), signal.SIGUSR1)
+            raise OSError("No space left on device")
+    assert signals.stop_signal() == "SIGUSR1" and not signals.stop_requested()
+    os.kill(os.getpid(), signal.SIGTERM)  # recorded, not raised
+    assert signals.stop_signal() == "SIGUSR1"
+
+
+def test_a_signal_raised_after_a_held_one_ends_the_run_as_a_stop(handlers):
+    with signals.stops_at_a_step():
+        os.kill(os.getpid(), signal.SIGTERM)
+    assert not signals.stop_requested()  # the loop ended before a check: the run finishes
+    with pytest.raises(signals.Terminated):
+        os.kill(os.getpid(), signal.SIGTERM)  # in the save phase: raised
+    assert signals.stop_requested()
 
 
 def test_the_wakeup_socket_tells_any_thread_that_a_signal_arrived(handlers):
